@@ -1,0 +1,26 @@
+# The two commands of the README:
+#   make demo   set up .venv and run the embedded default (a local swarm of tiny built-in models)
+#   make test   set up .venv with the dev extra and run the test suite
+# `make test-quick` skips the slow multi-process tests.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup setup-dev demo test test-quick lint
+
+setup:
+	./scripts/setup.sh
+
+setup-dev:
+	./scripts/setup.sh dev
+
+demo: setup
+	$(VENV)/bin/swarm-node demo
+
+test: setup-dev
+	$(PY) -m pytest -q
+
+test-quick: setup-dev
+	$(PY) -m pytest -q -m "not slow"
+
+lint: setup-dev
+	$(VENV)/bin/ruff check swarm_node tests benchmarks

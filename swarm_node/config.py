@@ -1,0 +1,236 @@
+"""Configuration of a node: pydantic models, loaded from YAML and overridable from the command line.
+
+Every section forbids unknown keys, so a typo fails at start with the key's dotted path. Defaults are
+documented in docs/configuration.md (a test keeps the two in sync).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from swarm_node.errors import ConfigError
+
+VARIANTS = ("on_policy", "naive", "is", "tis", "filter", "ftis")
+Variant = Literal["on_policy", "naive", "is", "tis", "filter", "ftis"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(_Section):
+    """LoRA adapter (peft). When enabled only the adapter is trained, checkpointed and averaged."""
+
+    enabled: bool = False
+    r: int = Field(8, ge=1, le=1024)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+
+class ModelConfig(_Section):
+    """The node's local causal LM."""
+
+    path: str = Field("tiny-s", description="local directory, built-in preset name (tiny-s, tiny-m) or hub id")
+    name: str | None = Field(None, description="name announced to peers; default: the directory name")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
+    lora: LoraConfig = LoraConfig()
+
+
+class GenerationConfig(_Section):
+    """Sampling of completions (GRPO mode)."""
+
+    backend: Literal["transformers", "vllm"] = "transformers"
+    num_generations: int = Field(8, ge=2, le=256, description="G: completions per prompt")
+    max_new_tokens: int = Field(8, ge=1, le=32768)
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    batch_size: int = Field(64, ge=1, description="sequences generated together")
+
+
+class TaskConfig(_Section):
+    """Where prompts and rewards come from."""
+
+    name: Literal["arithmetic", "gsm8k"] = "arithmetic"
+    data_path: str | None = Field(None, description="JSONL or parquet file (gsm8k)")
+    eval_data_path: str | None = None
+    prompts_per_round: int = Field(8, ge=1)
+    eval_split: Literal["id", "ood"] = "id"
+    eval_n: int = Field(200, ge=1)
+    seed: int = 0
+
+
+class TrainingConfig(_Section):
+    """F-TIS / GRPO optimizer step (see docs/algorithms.md)."""
+
+    variant: Variant = "ftis"
+    cap: float = Field(2.0, gt=0.0, description="C: truncation of the per-token importance ratio")
+    filter_threshold: float = Field(50.0, ge=0.0, description="g: divergence above which negative-advantage sequences are dropped")
+    clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip, active only when steps_per_round > 1")
+    steps_per_round: int = Field(1, ge=1, le=64)
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    lr: float | None = Field(None, gt=0.0, description="None: the preset's default (1e-6 full / 1e-4 LoRA for real models)")
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    micro_batch_size: int = Field(32, ge=1)
+    adv_eps: float = Field(1e-6, gt=0.0)
+    skip_zero_advantage_groups: bool = True
+
+
+class SwarmConfig(_Section):
+    """Joining a hivemind swarm and exchanging batches (see docs/operations.md)."""
+
+    enabled: bool = False
+    swarm_id: str = Field("default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    initial_peers: list[str] = []
+    host_maddrs: list[str] = ["/ip4/0.0.0.0/tcp/0"]
+    announce_maddrs: list[str] = []
+    identity_path: str | None = Field(None, description="private key file; created if missing; same peer id after restart")
+    client_mode: bool = False
+    use_relay: bool = True
+    use_auto_relay: bool = False
+    max_peers_per_round: int = Field(4, ge=0, description="K: peers' batches pulled per round")
+    staleness_rounds: int = Field(4, ge=0, description="ignore batches older than this many rounds behind ours")
+    collect_deadline_s: float = Field(15.0, gt=0.0)
+    heartbeat_s: float = Field(5.0, gt=0.0)
+    record_ttl_s: float = Field(60.0, gt=0.0)
+    trust_peer_rewards: bool = False
+    max_batch_bytes: int = Field(64 * 2**20, ge=1024)
+    bootstrap_retries: int = Field(5, ge=0)
+    bootstrap_timeout_s: float = Field(15.0, gt=0.0)
+
+
+class DPOConfig(_Section):
+    """Decentralized (gossip) or federated DPO (see docs/algorithms.md)."""
+
+    averaging: Literal["gossip", "federated", "none"] = "gossip"
+    topology: Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"] = "ring"
+    er_probability: float = Field(0.5, gt=0.0, le=1.0)
+    beta: float = Field(0.1, gt=0.0)
+    local_steps: int = Field(4, ge=1)
+    batch_size: int = Field(8, ge=1)
+    data_path: str | None = Field(None, description="JSONL prompt/chosen/rejected or Anthropic-HH; None: built-in synthetic task")
+    user: int | None = Field(None, ge=0, description="synthetic task: which user's taste this node has")
+    compression: Literal["none", "float16", "uint8"] = "float16"
+    gossip_deadline_s: float = Field(30.0, gt=0.0)
+    participants_per_round: int | None = Field(None, ge=1, description="federated: S sampled each round; None = all")
+
+
+class CheckpointConfig(_Section):
+    every_rounds: int = Field(10, ge=1)
+    keep: int = Field(2, ge=1)
+
+
+class MetricsConfig(_Section):
+    eval_every: int = Field(5, ge=1, description="evaluate every k rounds (and at round 0)")
+    prometheus_port: int | None = Field(None, ge=1, le=65535)
+
+
+class NodeConfig(_Section):
+    """A whole node."""
+
+    mode: Literal["grpo", "dpo"] = "grpo"
+    rounds: int | None = Field(None, ge=1, description="stop after this many rounds; None = run until stopped")
+    seed: int = 0
+    model: ModelConfig = ModelConfig()
+    generation: GenerationConfig = GenerationConfig()
+    task: TaskConfig = TaskConfig()
+    training: TrainingConfig = TrainingConfig()
+    swarm: SwarmConfig = SwarmConfig()
+    dpo: DPOConfig = DPOConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    metrics: MetricsConfig = MetricsConfig()
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> NodeConfig:
+        if self.task.name == "gsm8k" and not self.task.data_path:
+            raise ValueError("task.data_path is required when task.name is 'gsm8k'")
+        return self
+
+    def fingerprint(self) -> str:
+        """Hash of the settings that change what a checkpoint means (resume refuses a mismatch)."""
+        keep = {"mode": self.mode, "model": self.model.model_dump(), "task": self.task.name}
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "<root>"
+        value = err.get("input")
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  unknown key '{key}' (value {value!r}); check the spelling against docs/configuration.md")
+            continue
+        allowed = err["msg"]
+        ctx = err.get("ctx") or {}
+        if "expected" in ctx:
+            allowed = f"expected {ctx['expected']}"
+        shown = value if not isinstance(value, dict) else "{...}"
+        lines.append(f"  key '{key}': value {shown!r} is not allowed: {allowed}")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (['a','b','c'], parsed YAML value)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.key=value")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: value is not valid YAML: {exc}") from exc
+    return parts, value
+
+
+def apply_override(data: dict, parts: list[str], value: Any) -> None:
+    node = data
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {'.'.join(parts)}: '{p}' is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> NodeConfig:
+    """Load a NodeConfig from a YAML file (or defaults) and `section.key=value` overrides."""
+    data: dict = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+        data = loaded
+        source = str(p)
+    for ov in overrides or []:
+        parts, value = parse_override(ov)
+        apply_override(data, parts, value)
+    if overrides:
+        source += " + overrides"
+    try:
+        return NodeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc, source)) from None
+
+
+def dump_config(cfg: NodeConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
