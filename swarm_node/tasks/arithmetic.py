@@ -1,0 +1,147 @@
+"""Two-operand integer arithmetic: a task tiny character-level models can learn in minutes.
+
+Prompts are a few characters ("12+7=") so a small model can attend to the whole problem; the model
+should emit just the answer ("19") and then EOS.
+
+Splits:
+  * "id"  - a, b in 0..99 with + or - (answers may be negative, e.g. "3-15=" -> "-12").
+            About 10% of these problems are held out for evaluation, chosen by a hash of the problem,
+            so every node holds out the same ones without coordination; training never sees them.
+  * "ood" - a, b in 100..999 with + or - (longer operands than anything trained on). Never trained on.
+
+Prompt ids are self-describing ("arith:id:12+7"), so any node rebuilds the prompt and answer from the
+id alone. Ids of held-out problems are refused by `prompt_from_id`, so a peer's sample cannot leak an
+eval problem into training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import cached_property
+
+import numpy as np
+
+from swarm_node.tasks.base import Prompt, Task
+
+ID_RANGE = (0, 99)
+OOD_RANGE = (100, 999)
+OPS = ("+", "-")
+EVAL_MODULUS = 10  # one "id" problem in EVAL_MODULUS is held out
+MAX_ID_LEN = 32  # ids come from the network: anything longer is junk
+_ID_RE = re.compile(r"arith:(id|ood):(0|[1-9][0-9]{0,2})([+-])(0|[1-9][0-9]{0,2})")  # canonical only
+
+
+def _hash_int(text: str) -> int:
+    """Platform-independent hash (Python's hash() is salted per process, so nodes would disagree)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def _solve(a: int, op: str, b: int) -> int:
+    return a + b if op == "+" else a - b
+
+
+def _is_held_out(a: int, op: str, b: int) -> bool:
+    """Whether an in-distribution problem belongs to the eval set (same answer on every node)."""
+    return _hash_int(f"{a}{op}{b}") % EVAL_MODULUS == 0
+
+
+def _make(split: str, a: int, op: str, b: int) -> Prompt:
+    return Prompt(id=f"arith:{split}:{a}{op}{b}", text=f"{a}{op}{b}=", answer=str(_solve(a, op, b)))
+
+
+class ArithmeticTask(Task):
+    """a+b / a-b with a binary exact-match reward."""
+
+    task_id = "arithmetic-v1"
+    splits = ("id", "ood")
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed  # default stream for sft_examples when no rng is given
+
+    # --- training -------------------------------------------------------------------------------
+    def _sample_train(self, rng: np.random.Generator) -> tuple[int, str, int]:
+        lo, hi = ID_RANGE
+        while True:  # rejection: ~10% of draws hit a held-out problem
+            a, b = (int(x) for x in rng.integers(lo, hi + 1, size=2))
+            op = OPS[int(rng.integers(0, len(OPS)))]
+            if not _is_held_out(a, op, b):
+                return a, op, b
+
+    def train_prompts(self, n: int, rng: np.random.Generator) -> list[Prompt]:
+        """n prompts drawn uniformly from the in-distribution problems that are not held out."""
+        return [_make("id", *self._sample_train(rng)) for _ in range(n)]
+
+    def sft_examples(self, n: int, rng: np.random.Generator | None = None) -> list[tuple[str, str]]:
+        """(prompt text, target) pairs for supervised warm-up; the caller appends EOS to the target."""
+        rng = rng if rng is not None else np.random.default_rng(self.seed)
+        return [(p.text, p.answer) for p in self.train_prompts(n, rng)]
+
+    # --- evaluation -----------------------------------------------------------------------------
+    @cached_property
+    def _id_eval(self) -> list[Prompt]:
+        """All held-out problems, in a fixed order (by hash) so any prefix is a spread-out sample."""
+        lo, hi = ID_RANGE
+        probs = [(a, op, b) for a in range(lo, hi + 1) for op in OPS for b in range(lo, hi + 1)]
+        held = [p for p in probs if _is_held_out(*p)]
+        held.sort(key=lambda p: _hash_int(f"order:{p[0]}{p[1]}{p[2]}"))
+        return [_make("id", *p) for p in held]
+
+    def _ood_eval(self, n: int) -> list[Prompt]:
+        """The i-th OOD problem is a pure function of i, so every prefix is the same on every node."""
+        lo, hi = OOD_RANGE
+        span = hi - lo + 1
+        out: list[Prompt] = []
+        seen: set[str] = set()
+        i = 0
+        while len(out) < n and i < 100 * max(n, 1):
+            h = _hash_int(f"ood:{i}")
+            a, b, op = lo + h % span, lo + (h // span) % span, OPS[(h // span // span) % len(OPS)]
+            p = _make("ood", a, op, b)
+            if p.id not in seen:
+                seen.add(p.id)
+                out.append(p)
+            i += 1
+        return out
+
+    def eval_prompts(self, split: str, n: int) -> list[Prompt]:
+        """First n prompts of the split's fixed order (fewer if the split is smaller)."""
+        if split == "id":
+            return self._id_eval[: max(n, 0)]
+        if split == "ood":
+            return self._ood_eval(max(n, 0))
+        raise ValueError(f"unknown split {split!r}; expected one of {self.splits}")
+
+    # --- rewards and ids ------------------------------------------------------------------------
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        """1.0 if the completion (stripped of surrounding whitespace) is exactly the answer, else 0.0.
+
+        Binary on purpose: partial credit for "close" numbers would reward guessing magnitudes.
+        """
+        return 1.0 if completion.strip() == prompt.answer else 0.0
+
+    def prompt_from_id(self, prompt_id: str) -> Prompt | None:
+        """Rebuild a training prompt; None for junk, foreign, out-of-range or held-out (eval) ids."""
+        if not isinstance(prompt_id, str) or len(prompt_id) > MAX_ID_LEN:
+            return None
+        m = _ID_RE.fullmatch(prompt_id)
+        if m is None:
+            return None
+        split, a, op, b = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
+        lo, hi = ID_RANGE if split == "id" else OOD_RANGE
+        if not (lo <= a <= hi and lo <= b <= hi):
+            return None
+        if split == "ood" or _is_held_out(a, op, b):
+            return None  # eval problems never enter training, even via a peer
+        return _make(split, a, op, b)
+
+    def is_held_out(self, prompt_id: str) -> bool:
+        """Whether a well-formed id names an eval problem (useful to count refused peer samples)."""
+        m = (
+            _ID_RE.fullmatch(prompt_id)
+            if isinstance(prompt_id, str) and len(prompt_id) <= MAX_ID_LEN
+            else None
+        )
+        if m is None:
+            return False
+        return m.group(1) == "ood" or _is_held_out(int(m.group(2)), m.group(3), int(m.group(4)))
