@@ -1,0 +1,388 @@
+"""One GRPO / F-TIS training round on local and peer groups: advantages, log-prob recompute, loss, step.
+
+Memory is bounded by ``micro_batch_size`` sequences per forward. Each micro-batch's loss is a *sum* over
+its kept sequences; after all micro-batches the gradient is divided by the global kept count, so the
+update equals the full-batch loss gradient whatever the micro-batch size.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from swarm_node.config import TrainingConfig
+from swarm_node.training.ftis import LossDiagnostics, ftis_loss, group_advantages
+from swarm_node.training.groups import TrainGroup
+from swarm_node.training.optim import build_optimizer, set_lr, trainable_parameters
+
+DEFAULT_LR = 1e-6  # paper's full-model lr; used only when neither cfg.lr nor a preset default is given
+
+
+@dataclass
+class TrainSequence:
+    """One completion ready for the forward pass: prompt + completion ids and its group advantage."""
+
+    ids: np.ndarray
+    prompt_len: int
+    behaviour: np.ndarray
+    advantage: float
+    local: bool
+
+    @property
+    def completion_len(self) -> int:
+        return len(self.ids) - self.prompt_len
+
+
+@dataclass
+class PreparedBatch:
+    """The sequences of one round after group selection, plus what was dropped and why."""
+
+    sequences: list[TrainSequence]
+    groups_local: int = 0
+    groups_external: int = 0
+    groups_zero_advantage: int = 0
+    groups_dropped_external: int = 0
+    empty_completions: int = 0
+
+
+@dataclass
+class PassStats:
+    """What one forward/backward pass over the batch saw (per-sequence, in batch order)."""
+
+    loss: float
+    kept: np.ndarray
+    filtered: np.ndarray
+    ratio_mean: np.ndarray
+    truncated_frac: np.ndarray
+    divergence: np.ndarray
+    n_tokens: np.ndarray
+    clipped_frac: np.ndarray
+    logp: list[Tensor]
+
+    @property
+    def n_kept(self) -> int:
+        return int(self.kept.sum())
+
+
+@dataclass
+class StepResult:
+    """Outcome of GRPOTrainer.step; ``stepped`` False with ``reason`` when no optimizer step was taken."""
+
+    stepped: bool
+    reason: str | None = None
+    loss: float = float("nan")
+    losses: list[float] = field(default_factory=list)
+    grad_norm: float = float("nan")
+    grad_norms: list[float] = field(default_factory=list)
+    optimizer_steps: int = 0
+    lr: float = float("nan")
+    groups_local: int = 0
+    groups_external: int = 0
+    groups_zero_advantage: int = 0
+    groups_dropped_external: int = 0
+    seqs_kept: int = 0
+    seqs_filtered: int = 0
+    seqs_kept_local: int = 0
+    seqs_kept_external: int = 0
+    seqs_filtered_local: int = 0
+    seqs_filtered_external: int = 0
+    mean_ratio: float = float("nan")
+    mean_ratio_local: float = float("nan")
+    mean_ratio_external: float = float("nan")
+    truncated_frac: float = float("nan")
+    truncated_frac_external: float = float("nan")
+    mean_divergence_external: float = float("nan")
+    clipped_frac: float = float("nan")
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    seconds: float = 0.0
+
+
+def _token_mean(values: np.ndarray, weights: np.ndarray, select: np.ndarray | None = None) -> float:
+    w = weights.astype(np.float64) * (select if select is not None else 1.0)
+    total = float(w.sum())
+    return float((values.astype(np.float64) * w).sum() / total) if total > 0 else float("nan")
+
+
+class GRPOTrainer:
+    """Owns the optimizer and applies F-TIS (or a baseline variant) to lists of TrainGroup.
+
+    The model must already be on ``device``. Works for full models and peft LoRA models alike: only
+    parameters with requires_grad are optimized and clipped.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: TrainingConfig,
+        pad_token_id: int,
+        device: torch.device | str | None = None,
+        lr_default: float | None = None,
+    ) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.pad_token_id = int(pad_token_id)
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.params = trainable_parameters(model)
+        self.lr = cfg.lr if cfg.lr is not None else (lr_default if lr_default is not None else DEFAULT_LR)
+        self.optimizer = build_optimizer(self.params, cfg.optimizer, self.lr, cfg.weight_decay)
+        self.steps_done = 0
+
+    # ---- data -------------------------------------------------------------------------------------
+
+    def prepare(self, groups: list[TrainGroup]) -> PreparedBatch:
+        """Group advantages (over the whole group, filtered members included), selection, flattening."""
+        batch = PreparedBatch(sequences=[])
+        for g in groups:
+            if self.cfg.variant == "on_policy" and not g.is_local:
+                batch.groups_dropped_external += 1
+                continue
+            adv = group_advantages(torch.from_numpy(g.rewards), self.cfg.adv_eps).numpy()
+            if self.cfg.skip_zero_advantage_groups and not np.any(adv != 0):
+                batch.groups_zero_advantage += 1
+                continue
+            if g.is_local:
+                batch.groups_local += 1
+            else:
+                batch.groups_external += 1
+            for comp, beh, a in zip(g.completions, g.behaviour_logprobs, adv, strict=True):
+                if comp.size == 0:
+                    batch.empty_completions += 1
+                    continue
+                ids = np.concatenate([g.prompt_ids, comp])
+                batch.sequences.append(TrainSequence(ids, len(g.prompt_ids), beh, float(a), g.is_local))
+        return batch
+
+    def _micro_batches(self, n: int, seqs: list[TrainSequence]) -> list[list[int]]:
+        """Indices grouped by similar length (less padding); the order does not change the result."""
+        order = sorted(range(n), key=lambda i: len(seqs[i].ids))
+        mb = self.cfg.micro_batch_size
+        return [order[k : k + mb] for k in range(0, n, mb)]
+
+    def _forward_logp(self, seqs: list[TrainSequence]) -> tuple[Tensor, Tensor, Tensor]:
+        """Completion-aligned log pi_theta [b, Cmax] (fp32 log-softmax), mask, behaviour log-probs."""
+        b = len(seqs)
+        lmax = max(len(s.ids) for s in seqs)
+        cmax = max(s.completion_len for s in seqs)
+        ids = torch.full((b, lmax), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((b, lmax), dtype=torch.long)
+        mask = torch.zeros((b, cmax), dtype=torch.bool)
+        beh = torch.zeros((b, cmax), dtype=torch.float32)
+        rows, cols, js = [], [], []
+        for r, s in enumerate(seqs):
+            n, c = len(s.ids), s.completion_len
+            ids[r, :n] = torch.from_numpy(s.ids)
+            attn[r, :n] = 1
+            mask[r, :c] = True
+            beh[r, :c] = torch.from_numpy(s.behaviour)
+            rows.append(torch.full((c,), r, dtype=torch.long))
+            cols.append(torch.arange(s.prompt_len - 1, n - 1))  # logits at t predict token t + 1
+            js.append(torch.arange(c))
+        dev = self.device
+        ids, attn = ids.to(dev), attn.to(dev)
+        row, col, j = torch.cat(rows).to(dev), torch.cat(cols).to(dev), torch.cat(js).to(dev)
+        # right padding: valid tokens sit at positions 0..n-1 and never attend to the pads after them.
+        position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
+        logits = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False
+        ).logits
+        sel = logits[row, col].float()
+        targets = ids[row, col + 1]
+        lp = sel.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(sel, dim=-1)
+        logp = torch.zeros((b, cmax), dtype=torch.float32, device=dev).index_put((row, j), lp)
+        return logp, mask.to(dev), beh.to(dev)
+
+    @torch.no_grad()
+    def completion_logprobs(self, groups: list[TrainGroup]) -> list[list[np.ndarray]]:
+        """log pi_theta of every completion token, per group, micro-batched (no selection, no grad)."""
+        seqs = [
+            TrainSequence(np.concatenate([g.prompt_ids, c]), len(g.prompt_ids), b, 0.0, g.is_local)
+            for g in groups
+            for c, b in zip(g.completions, g.behaviour_logprobs, strict=True)
+        ]
+        out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(seqs)
+        nonempty = [i for i, s in enumerate(seqs) if s.completion_len > 0]
+        with _eval_mode(self.model):
+            for idx in self._micro_batches(len(nonempty), [seqs[i] for i in nonempty]):
+                mb = [seqs[nonempty[i]] for i in idx]
+                logp, _, _ = self._forward_logp(mb)
+                for i, s, row in zip(idx, mb, logp.cpu().numpy(), strict=True):
+                    out[nonempty[i]] = row[: s.completion_len].copy()
+        result, k = [], 0
+        for g in groups:
+            result.append(out[k : k + g.size])
+            k += g.size
+        return result
+
+    # ---- gradients ---------------------------------------------------------------------------------
+
+    def accumulate_gradients(self, batch: PreparedBatch, old_logp: list[Tensor] | None = None) -> PassStats:
+        """Forward/backward over micro-batches; leaves the full-batch loss gradient in ``.grad``.
+
+        ``old_logp`` (per sequence, completion-aligned) switches on the PPO clip. Gradients are zeroed
+        first; when no sequence is kept they stay zero.
+        """
+        cfg, seqs = self.cfg, batch.sequences
+        n = len(seqs)
+        self.optimizer.zero_grad(set_to_none=True)
+        diags: list[tuple[list[int], LossDiagnostics]] = []
+        logps: list[Tensor] = [torch.empty(0)] * n
+        loss_sum = 0.0
+        with _eval_mode(self.model):
+            for idx in self._micro_batches(n, seqs):
+                mb = [seqs[i] for i in idx]
+                logp, mask, beh = self._forward_logp(mb)
+                adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=self.device)
+                old = None
+                if old_logp is not None:
+                    old = torch.zeros_like(logp)
+                    for r, i in enumerate(idx):
+                        old[r, : mb[r].completion_len] = old_logp[i].to(self.device)
+                loss, diag = ftis_loss(
+                    logp,
+                    beh,
+                    mask,
+                    adv,
+                    variant=cfg.variant,
+                    cap=cfg.cap,
+                    filter_threshold=cfg.filter_threshold,
+                    clip_eps=cfg.clip_eps,
+                    old_logp=old,
+                    normalizer=1.0,
+                )
+                if diag.n_kept > 0:
+                    loss.backward()
+                loss_sum += float(loss.detach())
+                detached = logp.detach()
+                for r, i in enumerate(idx):
+                    logps[i] = detached[r, : mb[r].completion_len].clone()
+                diags.append((idx, diag))
+        stats = _collect(n, diags, logps)
+        if stats.n_kept > 0:
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.div_(stats.n_kept)
+            stats.loss = loss_sum / stats.n_kept
+        return stats
+
+    # ---- the round ---------------------------------------------------------------------------------
+
+    def step(self, groups: list[TrainGroup], lr_default: float | None = None) -> StepResult:
+        """Train on one round's groups: cfg.steps_per_round optimizer steps (PPO clip when > 1)."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        if cfg.lr is None and lr_default is not None and lr_default != self.lr:
+            self.lr = lr_default
+            set_lr(self.optimizer, lr_default)
+        batch = self.prepare(groups)
+        res = StepResult(
+            stepped=False,
+            lr=self.lr,
+            groups_local=batch.groups_local,
+            groups_external=batch.groups_external,
+            groups_zero_advantage=batch.groups_zero_advantage,
+            groups_dropped_external=batch.groups_dropped_external,
+        )
+        if not batch.sequences:
+            res.reason = "no usable group"
+            res.seconds = time.perf_counter() - t0
+            return res
+        old_logp: list[Tensor] | None = None
+        for k in range(cfg.steps_per_round):
+            stats = self.accumulate_gradients(batch, old_logp)
+            if k == 0:
+                _fill_first_pass(res, batch, stats)
+                if cfg.steps_per_round > 1:
+                    # the first pass's log-probs are the proximal policy of the later, clipped passes;
+                    # at r = 1 the plain and the clipped form have the same gradient, so pass 1 is unchanged
+                    old_logp = stats.logp
+            else:
+                res.clipped_frac = _token_mean(stats.clipped_frac, stats.n_tokens)
+            if stats.n_kept == 0:
+                res.reason = "all sequences filtered"
+                break
+            norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
+            res.losses.append(stats.loss)
+            res.grad_norms.append(norm)
+            if not math.isfinite(norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                res.reason = "non-finite gradient; step skipped"
+                break
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            res.optimizer_steps += 1
+            self.steps_done += 1
+        res.stepped = res.optimizer_steps > 0
+        if res.losses:
+            res.loss, res.grad_norm = res.losses[0], res.grad_norms[0]
+        res.seconds = time.perf_counter() - t0
+        return res
+
+    # ---- checkpointing -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "steps_done": self.steps_done, "lr": self.lr}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_done = int(state.get("steps_done", 0))
+        if self.cfg.lr is None and "lr" in state:
+            self.lr = float(state["lr"])
+        set_lr(self.optimizer, self.lr)
+
+
+class _eval_mode:
+    """Disable dropout while recomputing log-probs (dropout would bias the ratios); restore after."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.was_training = model.training
+
+    def __enter__(self) -> None:
+        self.model.eval()
+
+    def __exit__(self, *exc: object) -> None:
+        self.model.train(self.was_training)
+
+
+def _collect(n: int, diags: list[tuple[list[int], LossDiagnostics]], logps: list[Tensor]) -> PassStats:
+    """Scatter micro-batch diagnostics back into batch order."""
+    arrays = {
+        k: np.zeros(n, dtype=np.float64)
+        for k in ("ratio_mean", "truncated_frac", "divergence", "clipped_frac")
+    }
+    kept, filtered, n_tok = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64)
+    for idx, d in diags:
+        for key, arr in arrays.items():
+            arr[idx] = getattr(d, key).cpu().numpy()
+        kept[idx] = d.kept.cpu().numpy()
+        filtered[idx] = d.filtered.cpu().numpy()
+        n_tok[idx] = d.n_tokens.cpu().numpy()
+    return PassStats(loss=0.0, kept=kept, filtered=filtered, n_tokens=n_tok, logp=logps, **arrays)
+
+
+def _fill_first_pass(res: StepResult, batch: PreparedBatch, s: PassStats) -> None:
+    """Diagnostics describe the batch as it arrived (first pass, before any update of this round)."""
+    local = np.array([q.local for q in batch.sequences])
+    ext = ~local
+    res.seqs_kept, res.seqs_filtered = int(s.kept.sum()), int(s.filtered.sum())
+    res.seqs_kept_local, res.seqs_kept_external = int((s.kept & local).sum()), int((s.kept & ext).sum())
+    res.seqs_filtered_local = int((s.filtered & local).sum())
+    res.seqs_filtered_external = int((s.filtered & ext).sum())
+    res.mean_ratio = _token_mean(s.ratio_mean, s.n_tokens)
+    res.mean_ratio_local = _token_mean(s.ratio_mean, s.n_tokens, local)
+    res.mean_ratio_external = _token_mean(s.ratio_mean, s.n_tokens, ext)
+    res.truncated_frac = _token_mean(s.truncated_frac, s.n_tokens)
+    res.truncated_frac_external = _token_mean(s.truncated_frac, s.n_tokens, ext)
+    ext_nonempty = ext & (s.n_tokens > 0)
+    res.mean_divergence_external = (
+        float(s.divergence[ext_nonempty].mean()) if ext_nonempty.any() else float("nan")
+    )
+    res.clipped_frac = 0.0  # no clip on the first pass; later passes overwrite it
+    res.completion_tokens = int(s.n_tokens.sum())
+    res.total_tokens = int(sum(len(q.ids) for q in batch.sequences))
