@@ -1,0 +1,137 @@
+"""Starting or joining a hivemind DHT: identity files, retries with a clear error, orphan cleanup."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import hivemind
+from hivemind.p2p import P2P
+from hivemind.utils.multiaddr import Multiaddr
+
+from swarm_node.config import SwarmConfig
+from swarm_node.errors import UserFacingError
+
+
+def ensure_identity(identity_path: str | None) -> tuple[str, tempfile.TemporaryDirectory | None, bool]:
+    """(path, temp dir to clean up, newly created) of an identity file, created if missing (parent dirs too).
+
+    Without a configured path an ephemeral identity is made in a temp dir, so every node has an RSA key
+    that both defines its peer id and signs its records (records are then bound to peer ids).
+    """
+    tmp = None
+    if identity_path is None:
+        tmp = tempfile.TemporaryDirectory(prefix="swarm-node-id-")
+        identity_path = os.path.join(tmp.name, "identity.key")
+    path = Path(identity_path).expanduser()
+    created = not path.exists()
+    if created:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        P2P.generate_identity(str(path))
+    elif not path.is_file():
+        raise UserFacingError(f"identity path {path} exists but is not a file")
+    return str(path), tmp, created
+
+
+def start_dht(
+    cfg: SwarmConfig,
+    identity_path: str,
+    validators: list,
+    *,
+    initial_peers: list[str] | None = None,
+    check_identity: bool = True,
+    logger: logging.Logger | None = None,
+) -> hivemind.DHT:
+    """Start a DHT child process; retry an unreachable bootstrap, then fail naming the addresses."""
+    log = logger or logging.getLogger(__name__)
+    peers = [p.strip() for p in (cfg.initial_peers if initial_peers is None else initial_peers) if p.strip()]
+    for maddr in [*peers, *cfg.host_maddrs, *cfg.announce_maddrs]:
+        try:
+            Multiaddr(maddr)
+        except Exception as exc:
+            raise UserFacingError(f"{maddr!r} is not a valid multiaddr ({_short(exc)}); "
+                                  "expected e.g. /ip4/203.0.113.5/tcp/31337/p2p/Qm...") from None
+    attempts = cfg.bootstrap_retries + 1
+    last_error: Exception | None = None
+    for attempt in range(1, attempts + 1):
+        try:
+            return _DHT(
+                initial_peers=peers or None,
+                start=True,
+                await_ready=False,
+                host_maddrs=list(cfg.host_maddrs),
+                announce_maddrs=list(cfg.announce_maddrs) or None,
+                identity_path=identity_path,
+                client_mode=cfg.client_mode,
+                use_relay=cfg.use_relay,
+                use_auto_relay=cfg.use_auto_relay,
+                record_validators=validators,
+                check_if_identity_free=check_identity,
+                startup_timeout=cfg.bootstrap_timeout_s,
+                bootstrap_timeout=cfg.bootstrap_timeout_s,
+            )._wait_ready(cfg.bootstrap_timeout_s + 5.0)
+        except UserFacingError:
+            raise
+        except Exception as exc:  # hivemind raises P2PDaemonError, TimeoutError, ValueError, ...
+            last_error = exc
+            log.warning("joining the swarm failed (attempt %d/%d): %s", attempt, attempts, _short(exc))
+            if "already taken" in str(exc):
+                break
+            if attempt < attempts:
+                time.sleep(min(2.0 ** (attempt - 1), 10.0))
+    where = ", ".join(peers) if peers else "(no initial peers: starting a new swarm)"
+    raise UserFacingError(
+        f"could not join the swarm after {attempts} attempt(s); initial peers tried: {where}; "
+        f"last error: {_short(last_error)}. Check that a bootstrap peer runs at these addresses and "
+        "that its port is reachable from here (swarm.initial_peers, docs/operations.md)."
+    )
+
+
+def _short(exc: Exception | None) -> str:
+    text = " ".join(str(exc).split()) if exc is not None else "unknown"
+    return (text[:300] + "...") if len(text) > 300 else text
+
+
+class _DHT(hivemind.DHT):
+    """hivemind.DHT whose start-up wait kills the child on failure instead of leaving it running."""
+
+    def _wait_ready(self, timeout: float) -> _DHT:
+        try:
+            self.wait_until_ready(timeout)
+        except BaseException:
+            kill_dht(self)
+            raise
+        return self
+
+
+
+def kill_dht(dht: hivemind.DHT, p2pd_socket: str | None = None) -> None:
+    """Stop a DHT child (and its p2pd, if it outlived the child) without waiting on a dead pipe."""
+    if dht.is_alive():
+        try:
+            dht.shutdown()
+        except Exception:  # the pipe may be broken already
+            pass
+    if dht.is_alive() and dht.pid:
+        os.kill(dht.pid, signal.SIGKILL)
+        dht.join(5)
+    if p2pd_socket:
+        kill_orphan_p2pd(p2pd_socket)
+
+
+def kill_orphan_p2pd(socket_path: str) -> None:
+    """SIGTERM a p2pd that still listens on our own (uniquely named) control socket after its parent died."""
+    for pid_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (pid_dir / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"p2pd" in cmdline and socket_path.encode() in cmdline:
+            try:
+                os.kill(int(pid_dir.name), signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass

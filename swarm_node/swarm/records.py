@@ -1,0 +1,190 @@
+"""Signed DHT records: membership heartbeats and blob announcements.
+
+Each record lives under a per-swarm key and a subkey that carries the owner's RSA public key, so
+`RSASignatureValidator` lets only the owner overwrite it. `SchemaValidator` (pydantic v1, as hivemind
+requires, with strict types so nothing is silently coerced) rejects malformed values at every DHT peer
+that stores them. The owner's libp2p peer id is derived from the same public key, so a reader can tell
+that a record claiming peer id X was really signed by X (`peer_id_of_subkey`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import multihash
+import pydantic.v1 as pv1
+from cryptography.hazmat.primitives import serialization
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
+from hivemind.p2p import PeerID
+from hivemind.proto import crypto_pb2
+from hivemind.utils.crypto import RSAPrivateKey
+from pydantic import BaseModel, ConfigDict, Field
+
+KINDS = ("batch", "params")
+"""Blob kinds that have an announcement key (rollout batches, DPO parameters)."""
+
+MAX_ANNOUNCED_ROUNDS = 16
+
+
+def members_key(swarm_id: str) -> str:
+    return f"{swarm_id}_members"
+
+
+def blobs_key(swarm_id: str, kind: str) -> str:
+    return f"{swarm_id}_{kind}"
+
+
+class MemberRecord(BaseModel):
+    """A live peer, as seen through its latest heartbeat."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    peer_id: str
+    mode: str
+    model_name: str
+    tokenizer_fp: str
+    task_id: str
+    round: int = Field(ge=0)
+    updated: float
+    arch_fp: str = ""
+    client_mode: bool = False
+
+
+class BlobEntry(BaseModel):
+    """One announced blob: which round, how many bytes, and the sha256 hex digest of them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    round: int = Field(ge=0)
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Announcement(BaseModel):
+    """The blobs a peer serves for one kind (the last few rounds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    peer_id: str
+    updated: float
+    blobs: list[BlobEntry]
+
+    def entry(self, round: int) -> BlobEntry | None:
+        return next((b for b in self.blobs if b.round == round), None)
+
+    @property
+    def latest(self) -> BlobEntry | None:
+        return max(self.blobs, key=lambda b: b.round, default=None)
+
+
+# ---- DHT-side schemas (pydantic v1, strict), checked by every DHT peer that stores a record ----
+
+_Str = pv1.constr(strict=True, max_length=256)
+
+
+class _MemberV1(pv1.BaseModel):
+    peer_id: _Str
+    mode: _Str
+    model_name: _Str
+    tokenizer_fp: _Str
+    task_id: _Str
+    round: pv1.conint(strict=True, ge=0)
+    updated: pv1.StrictFloat
+    arch_fp: _Str = ""
+    client_mode: pv1.StrictBool = False
+
+    class Config:
+        extra = pv1.Extra.forbid
+
+
+class _BlobV1(pv1.BaseModel):
+    round: pv1.conint(strict=True, ge=0)
+    size: pv1.conint(strict=True, ge=0)
+    sha256: pv1.constr(strict=True, regex=r"^[0-9a-f]{64}$")
+
+    class Config:
+        extra = pv1.Extra.forbid
+
+
+class _AnnouncementV1(pv1.BaseModel):
+    peer_id: _Str
+    updated: pv1.StrictFloat
+    blobs: pv1.conlist(_BlobV1, max_items=MAX_ANNOUNCED_ROUNDS)
+
+    class Config:
+        extra = pv1.Extra.forbid
+
+
+class _SwarmSchema(pv1.BaseModel):
+    members: dict[BytesWithPublicKey, _MemberV1 | None]
+    batch: dict[BytesWithPublicKey, _AnnouncementV1 | None]
+    params: dict[BytesWithPublicKey, _AnnouncementV1 | None]
+
+
+def make_validators(swarm_id: str, private_key: RSAPrivateKey | None = None) -> list:
+    """Validators for a swarm: signatures (owner-only writes) + record shapes."""
+    return [
+        SchemaValidator(_SwarmSchema, allow_extra_keys=True, prefix=swarm_id),
+        RSASignatureValidator(private_key),
+    ]
+
+
+# ---- identities ----
+
+
+def load_identity_key(identity_path: str) -> RSAPrivateKey:
+    """The RSA key inside a libp2p identity file: it signs our records and defines our peer id."""
+    with open(identity_path, "rb") as f:
+        der = crypto_pb2.PrivateKey.FromString(f.read()).data
+    key = RSAPrivateKey.__new__(RSAPrivateKey)
+    key.__setstate__({"_private_key": der})
+    return key
+
+
+def subkey_for(private_key: RSAPrivateKey) -> bytes:
+    return RSASignatureValidator.PUBLIC_KEY_FORMAT.replace(b"_key_", private_key.get_public_key().to_bytes())
+
+
+def peer_id_of_subkey(subkey: bytes) -> str | None:
+    """libp2p peer id (base58) of the RSA key in an `[owner:...]` subkey; None if there is none."""
+    found = RSASignatureValidator._PUBLIC_KEY_RE.findall(subkey) if isinstance(subkey, bytes) else []
+    if len(found) != 1:
+        return None
+    try:
+        public_key = serialization.load_ssh_public_key(found[0])
+        der = public_key.public_bytes(
+            encoding=serialization.Encoding.DER, format=serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    except (ValueError, TypeError):
+        return None
+    encoded = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=der).SerializeToString()
+    digest = multihash.encode(hashlib.sha256(encoded).digest(), multihash.coerce_code("sha2-256"))
+    return PeerID(digest).to_base58()
+
+
+def parse_signed(value, model) -> tuple[dict, list[tuple[str, str, tuple]]]:
+    """Records of a dictionary DHT value, keyed by the peer id of the key that signed each one.
+
+    Returns (records, problems); a problem is (peer id, detail, dedupe key). Entries set to None are
+    peers that left. A record whose `peer_id` differs from its signer's is a problem, not a record.
+    """
+    out: dict = {}
+    problems: list[tuple[str, str, tuple]] = []
+    if not isinstance(value, dict):
+        return out, problems
+    for subkey, item in value.items():
+        raw = getattr(item, "value", None)
+        if raw is None:
+            continue
+        owner = peer_id_of_subkey(subkey)
+        try:
+            rec = model.model_validate(raw)
+        except ValueError as exc:
+            problems.append((owner or "?", f"invalid record: {str(exc).splitlines()[0]}", (owner, str(raw)[:64])))
+            continue
+        if owner is None or rec.peer_id != owner:
+            problems.append((owner or "?", f"record claims peer {rec.peer_id}", (owner, rec.peer_id)))
+            continue
+        out[owner] = rec
+    return out, problems

@@ -1,0 +1,277 @@
+"""Network half: joining, signed records, blob exchange, supervision. All on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hivemind.dht.protocol import DHTProtocol
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import CompositeValidator, DHTRecord
+from hivemind.p2p import P2P
+
+from swarm_node.config import SwarmConfig
+from swarm_node.errors import UserFacingError
+from swarm_node.swarm import MemberRecord, PeerInfo, SwarmNode
+from swarm_node.swarm import records as R
+
+pytestmark = pytest.mark.timeout(180)
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+INFO = PeerInfo(mode="grpo", model_name="tiny-s", tokenizer_fp="tok1", task_id="arithmetic")
+
+
+def _cfg(**kw) -> SwarmConfig:
+    base = dict(enabled=True, host_maddrs=LOOPBACK, heartbeat_s=1.0, record_ttl_s=30.0, bootstrap_retries=1,
+                bootstrap_timeout_s=5.0)
+    return SwarmConfig(**{**base, **kw})
+
+
+def _key(tmp_path: Path, name: str):
+    path = tmp_path / name
+    P2P.generate_identity(str(path))
+    return R.load_identity_key(str(path))
+
+
+def _member(peer_id: str, **kw) -> dict:
+    rec = dict(peer_id=peer_id, mode="grpo", model_name="m", tokenizer_fp="t", task_id="x", round=0,
+               updated=time.time(), arch_fp="", client_mode=False)
+    return {**rec, **kw}
+
+
+def _record(subkey: bytes, value: dict, swarm: str = "sw") -> DHTRecord:
+    return DHTRecord(
+        key=DHTID.generate(source=R.members_key(swarm)).to_bytes(),
+        subkey=DHTProtocol.serializer.dumps(subkey),
+        value=DHTProtocol.serializer.dumps(value),
+        expiration_time=time.time() + 60,
+    )
+
+
+# ---- records, no network ----
+
+
+def test_only_the_owner_can_write_its_record(tmp_path):
+    alice, mallory = _key(tmp_path, "a"), _key(tmp_path, "m")
+    alice_sub = R.subkey_for(alice)
+    alice_id = R.peer_id_of_subkey(alice_sub)
+    stored_by_alice, stored_by_mallory = CompositeValidator(R.make_validators("sw", alice)), CompositeValidator(
+        R.make_validators("sw", mallory))
+    checker = CompositeValidator(R.make_validators("sw", _key(tmp_path, "c")))
+
+    good = _record(alice_sub, _member(alice_id))
+    assert checker.validate(DHTRecord(good.key, good.subkey, stored_by_alice.sign_value(good), good.expiration_time))
+
+    forged = _record(alice_sub, _member(alice_id, model_name="evil"))
+    unsigned = stored_by_mallory.sign_value(forged)  # mallory's key is not in the subkey: nothing is signed
+    assert not checker.validate(DHTRecord(forged.key, forged.subkey, unsigned, forged.expiration_time))
+    mallory_sig = mallory.sign(b"anything")
+    resigned = forged.value + b"[signature:" + mallory_sig + b"]"
+    assert not checker.validate(DHTRecord(forged.key, forged.subkey, resigned, forged.expiration_time))
+
+
+def test_schema_rejects_malformed_member_record(tmp_path):
+    alice = _key(tmp_path, "a")
+    signer = CompositeValidator(R.make_validators("sw", alice))
+    bad = _record(R.subkey_for(alice), _member("x", round="3"))  # a str where a strict int is required
+    assert not signer.validate(DHTRecord(bad.key, bad.subkey, signer.sign_value(bad), bad.expiration_time))
+
+
+def test_record_claiming_another_peer_id_is_dropped(tmp_path):
+    alice, mallory = _key(tmp_path, "a"), _key(tmp_path, "m")
+    alice_id = R.peer_id_of_subkey(R.subkey_for(alice))
+
+    class Item:
+        def __init__(self, value):
+            self.value = value
+
+    value = {R.subkey_for(mallory): Item(_member(alice_id)), R.subkey_for(alice): Item(_member(alice_id))}
+    records, problems = R.parse_signed(value, MemberRecord)
+    assert list(records) == [alice_id]
+    assert len(problems) == 1 and "claims peer" in problems[0][1]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_bootstrap_names_the_addresses():
+    addr = f"/ip4/127.0.0.1/tcp/{_closed_port()}/p2p/QmXfptdHU6hqG95JswxYVUH4bphcK8y18mhFcgUQFe6fCN"
+    node = SwarmNode(_cfg(initial_peers=[addr], bootstrap_retries=1, bootstrap_timeout_s=3.0), INFO)
+    t0 = time.monotonic()
+    with pytest.raises(UserFacingError) as err:
+        node.start()
+    assert addr in str(err.value) and "2 attempt" in str(err.value)
+    assert time.monotonic() - t0 < 30
+
+
+# ---- two in-process nodes ----
+
+
+@pytest.fixture
+def pair(tmp_path):
+    a = SwarmNode(_cfg(identity_path=str(tmp_path / "a" / "id.key")), INFO).start()
+    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs(), max_batch_bytes=1 << 20), INFO).start()
+    yield a, b
+    b.close()
+    a.close()
+
+
+def _wait(pred, timeout=15.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.slow
+def test_identity_file_keeps_peer_id(tmp_path):
+    path = tmp_path / "deep" / "dir" / "id.key"
+    with SwarmNode(_cfg(identity_path=str(path)), INFO) as node:
+        first = node.peer_id
+    assert path.is_file()
+    with SwarmNode(_cfg(identity_path=str(path)), INFO) as node:
+        assert node.peer_id == first
+        assert node.visible_maddrs()[0].endswith("/p2p/" + first)
+
+
+@pytest.mark.slow
+def test_forged_dht_writes_are_refused(pair):
+    a, b = pair
+    assert _wait(lambda: {a.peer_id, b.peer_id} <= {m.peer_id for m in b.live_peers()})
+    a.publish("batch", 0, b"a" * 2000)
+    members = R.members_key(a.cfg.swarm_id)
+    forged = _member(a.peer_id, model_name="evil", updated=time.time())
+    assert b._dht.store(members, forged, time.time() + 30, subkey=a._subkey) is False
+    ann = {"peer_id": a.peer_id, "updated": time.time(), "blobs": [{"round": 0, "size": 1, "sha256": "0" * 64}]}
+    assert b._dht.store(R.blobs_key(a.cfg.swarm_id, "batch"), ann, time.time() + 30, subkey=a._subkey) is False
+    seen = {m.peer_id: m for m in b.live_peers()}
+    assert seen[a.peer_id].model_name == "tiny-s"
+    assert b._read_announcements("batch")[a.peer_id].blobs[0].size == 2000
+
+
+@pytest.mark.slow
+def test_refusals_and_recovery_after_sigkill(pair):
+    a, b = pair
+    limit = b.cfg.max_batch_bytes
+    # announced size over the receiver's limit: refused before any stream is opened
+    a.publish("batch", 0, os.urandom(limit + 1))
+    assert b.collect("batch", 0, k=2, staleness=0, deadline_s=5) == []
+    assert b.stats()["rejected"].get("too_large") == 1 and b.stats()["bytes_in"] == 0
+    # announced small, streamed large: refused from the stream's length header, body unread
+    small = os.urandom(100)
+    a.publish("batch", 1, small)
+    with a._blob_lock:
+        a._blobs["batch"][1] = (os.urandom(limit + 10), a._blobs["batch"][1][1])
+    assert b.collect("batch", 1, k=2, staleness=0, deadline_s=5) == []
+    assert b.stats()["rejected"]["too_large"] == 2 and b.stats()["bytes_in"] == 0
+    # wrong digest
+    a.publish("batch", 2, b"x" * 5000)
+    with a._blob_lock:
+        a._blobs["batch"][2] = (b"y" * 5000, a._blobs["batch"][2][1])
+    assert b.collect("batch", 2, k=2, staleness=0, deadline_s=5) == []
+    assert b.stats()["rejected"].get("digest_mismatch") == 1
+    # a declining filter downloads nothing
+    a.publish("batch", 3, b"ok" * 100)
+    assert b.collect("batch", 3, k=2, staleness=0, deadline_s=3, accept=lambda m: m.task_id == "other") == []
+    assert b.stats()["declined"] >= 1
+    got = b.collect("batch", 3, k=2, staleness=0, deadline_s=5, accept=lambda m: m.task_id == "arithmetic")
+    assert [(r.peer_id, r.round, r.payload) for r in got] == [(a.peer_id, 3, b"ok" * 100)]
+    assert got[0].member is not None and got[0].member.model_name == "tiny-s"
+    assert b.collect("batch", 3, k=2, staleness=0, deadline_s=1) == []  # already consumed
+
+    # the DHT child dies: the node restarts it and keeps exchanging
+    t0 = time.monotonic()
+    os.kill(b._dht.pid, signal.SIGKILL)
+    assert _wait(lambda: b.stats()["dht_restarts"] == 1, timeout=30)
+    recovery_s = time.monotonic() - t0
+    payload = os.urandom(300_000)
+    a.publish("batch", 4, payload)
+    got = b.collect("batch", 4, k=2, staleness=0, deadline_s=15)
+    assert [r.payload for r in got] == [payload]
+    b.publish("params", 4, b"p" * 1000)
+    assert a.fetch("params", b.peer_id, 4, deadline_s=15) == b"p" * 1000
+    assert a.fetch("params", b.peer_id, 9, deadline_s=1) is None
+    print(f"\nrecovery after SIGKILL: {recovery_s:.1f}s")
+
+
+# ---- a real multi-process swarm through the CLI bootstrap ----
+
+NODE_SCRIPT = r"""
+import hashlib, json, os, sys
+from swarm_node.config import SwarmConfig
+from swarm_node.swarm import PeerInfo, SwarmNode
+idx, boot, ident = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+cfg = SwarmConfig(enabled=True, swarm_id="t", initial_peers=[boot], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                  identity_path=ident, heartbeat_s=1.0)
+node = SwarmNode(cfg, PeerInfo("grpo", f"m{idx}", "tok", "arith")).start()
+payload = os.urandom(3 * 2**20 if idx == 0 else 200_000 + idx)
+node.set_round(1)
+node.publish("batch", 1, payload)
+print(json.dumps({"peer_id": node.peer_id, "sha": hashlib.sha256(payload).hexdigest()}), flush=True)
+sys.stdin.readline()  # go
+got = node.collect("batch", 1, k=2, staleness=1, deadline_s=30)
+print(json.dumps({"got": {r.peer_id: hashlib.sha256(r.payload).hexdigest() for r in got}, "stats": node.stats()}), flush=True)
+sys.stdin.readline()  # quit
+node.close()
+"""
+
+
+@pytest.mark.slow
+def test_three_nodes_exchange_through_cli_bootstrap(tmp_path):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    boot = subprocess.Popen(
+        [sys.executable, "-m", "swarm_node.cli", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+         "--identity", str(tmp_path / "boot.key"), "--swarm", "t"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )
+    nodes = []
+    try:
+        maddr = boot.stdout.readline().strip()
+        assert "/p2p/" in maddr, maddr
+        t0 = time.monotonic()
+        nodes = [subprocess.Popen([sys.executable, "-c", NODE_SCRIPT, str(i), maddr, str(tmp_path / f"n{i}.key")],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for i in range(3)]
+        ready = [json.loads(n.stdout.readline()) for n in nodes]
+        join_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        for n in nodes:
+            n.stdin.write("go\n")
+            n.stdin.flush()
+        results = [json.loads(n.stdout.readline()) for n in nodes]
+        exchange_s = time.monotonic() - t1
+        shas = {r["peer_id"]: r["sha"] for r in ready}
+        for me, res in zip(ready, results, strict=True):
+            expected = {p: s for p, s in shas.items() if p != me["peer_id"]}
+            assert res["got"] == expected, res
+            assert res["stats"]["rejected"] == {}
+        status = subprocess.run(
+            [sys.executable, "-m", "swarm_node.cli", "status", "--initial-peers", maddr, "--swarm", "t", "--json"],
+            capture_output=True, text=True, timeout=60, env=env,
+        )
+        assert status.returncode == 0, status.stderr
+        listed = {m["peer_id"] for m in json.loads(status.stdout)}
+        assert listed == set(shas)
+        print(f"\n3 nodes ready (incl. interpreter start) in {join_s:.1f}s; all-to-all exchange in {exchange_s:.2f}s")
+    finally:
+        for n in nodes:
+            if n.poll() is None:
+                n.stdin.write("quit\n")
+                n.stdin.flush()
+        for n in nodes:
+            try:
+                n.wait(20)
+            except subprocess.TimeoutExpired:
+                n.kill()
+        boot.send_signal(signal.SIGINT)
+        assert boot.wait(20) == 0
