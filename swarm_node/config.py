@@ -27,11 +27,11 @@ class _Section(BaseModel):
 class LoraConfig(_Section):
     """LoRA adapter (peft). When enabled only the adapter is trained, checkpointed and averaged."""
 
-    enabled: bool = False
-    r: int = Field(8, ge=1, le=1024)
-    alpha: float = Field(16.0, gt=0)
-    dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    enabled: bool = Field(False, description="wrap the model in a peft LoRA adapter")
+    r: int = Field(8, ge=1, le=1024, description="adapter rank")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (scale = alpha / r)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter input")
+    target_modules: list[str] | Literal["all-linear"] = Field("all-linear", description="modules to adapt")
 
 
 class ModelConfig(_Section):
@@ -39,105 +39,118 @@ class ModelConfig(_Section):
 
     path: str = Field("tiny-s", description="local directory, built-in preset name (tiny-s, tiny-m) or hub id")
     name: str | None = Field(None, description="name announced to peers; default: the directory name")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on a GPU that supports it, else fp32")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$", description="auto: the first CUDA device if any, else CPU")
     lora: LoraConfig = LoraConfig()
 
 
 class GenerationConfig(_Section):
     """Sampling of completions (GRPO mode)."""
 
-    backend: Literal["transformers", "vllm"] = "transformers"
+    backend: Literal["transformers", "vllm"] = Field("transformers", description="vllm needs the [vllm] extra and a GPU")
     num_generations: int = Field(8, ge=2, le=256, description="G: completions per prompt")
-    max_new_tokens: int = Field(8, ge=1, le=32768)
-    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    max_new_tokens: int = Field(8, ge=1, le=32768, description="completion length cap (EOS included)")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature; behaviour log-probs are taken at it")
     batch_size: int = Field(64, ge=1, description="sequences generated together")
 
 
 class TaskConfig(_Section):
     """Where prompts and rewards come from."""
 
-    name: Literal["arithmetic", "gsm8k"] = "arithmetic"
+    name: Literal["arithmetic", "gsm8k"] = Field("arithmetic", description="built-in task (docs/tasks.md)")
     data_path: str | None = Field(None, description="JSONL or parquet file (gsm8k)")
-    eval_data_path: str | None = None
-    prompts_per_round: int = Field(8, ge=1)
-    eval_split: Literal["id", "ood"] = "id"
-    eval_n: int = Field(200, ge=1)
-    seed: int = 0
+    eval_data_path: str | None = Field(None, description="gsm8k: held-out file; None: the last 10% of data_path")
+    prompts_per_round: int = Field(8, ge=1, description="own prompts sampled per round (each gets G completions)")
+    eval_split: Literal["id", "ood"] = Field("id", description="split used by the periodic eval")
+    eval_n: int = Field(200, ge=1, description="eval prompts (greedy decoding)")
+    seed: int = Field(0, description="mixed with the node seed to draw this node's prompts")
 
 
 class TrainingConfig(_Section):
     """F-TIS / GRPO optimizer step (see docs/algorithms.md)."""
 
-    variant: Variant = "ftis"
+    variant: Variant = Field("ftis", description="on_policy | naive | is | tis | filter | ftis (docs/algorithms.md)")
     cap: float = Field(2.0, gt=0.0, description="C: truncation of the per-token importance ratio")
     filter_threshold: float = Field(50.0, ge=0.0, description="g: divergence above which negative-advantage sequences are dropped")
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip, active only when steps_per_round > 1")
     steps_per_round: int = Field(1, ge=1, le=64)
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    optimizer: Literal["adam", "adamw", "sgd"] = Field("adam", description="paper: Adam")
     lr: float | None = Field(None, gt=0.0, description="None: the preset's default (1e-6 full / 1e-4 LoRA for real models)")
-    weight_decay: float = Field(0.0, ge=0.0)
-    grad_clip: float = Field(1.0, gt=0.0)
-    micro_batch_size: int = Field(32, ge=1)
-    adv_eps: float = Field(1e-6, gt=0.0)
-    skip_zero_advantage_groups: bool = True
+    weight_decay: float = Field(0.0, ge=0.0, description="decoupled weight decay (adamw)")
+    grad_clip: float = Field(1.0, gt=0.0, description="max global grad norm")
+    micro_batch_size: int = Field(32, ge=1, description="sequences per forward pass when recomputing log-probs (bounds memory)")
+    adv_eps: float = Field(1e-6, gt=0.0, description="A = (r - mean) / (std + adv_eps)")
+    skip_zero_advantage_groups: bool = Field(True, description="groups with all-equal rewards carry no signal")
 
 
 class SwarmConfig(_Section):
     """Joining a hivemind swarm and exchanging batches (see docs/operations.md)."""
 
-    enabled: bool = False
-    swarm_id: str = Field("default", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    initial_peers: list[str] = []
-    host_maddrs: list[str] = ["/ip4/0.0.0.0/tcp/0"]
-    announce_maddrs: list[str] = []
+    enabled: bool = Field(False, description="false: train alone, no networking")
+    swarm_id: str = Field("default", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="DHT key prefix; peers of other swarms are invisible")
+    initial_peers: list[str] = Field([], description="bootstrap multiaddrs; empty: start a new swarm")
+    host_maddrs: list[str] = Field(["/ip4/0.0.0.0/tcp/0"], description="listen addresses (tcp/0 = any free port)")
+    announce_maddrs: list[str] = Field([], description="public addresses to advertise (behind NAT / port forwarding)")
     identity_path: str | None = Field(None, description="private key file; created if missing; same peer id after restart")
-    client_mode: bool = False
-    use_relay: bool = True
-    use_auto_relay: bool = False
+    client_mode: bool = Field(False, description="do not accept incoming connections (behind NAT without forwarding)")
+    use_relay: bool = Field(True, description="allow libp2p circuit relays")
+    use_auto_relay: bool = Field(False, description="look for relays automatically when unreachable")
     max_peers_per_round: int = Field(4, ge=0, description="K: peers' batches pulled per round")
     staleness_rounds: int = Field(4, ge=0, description="ignore batches older than this many rounds behind ours")
     collect_deadline_s: float = Field(15.0, gt=0.0)
-    heartbeat_s: float = Field(5.0, gt=0.0)
-    record_ttl_s: float = Field(60.0, gt=0.0)
-    trust_peer_rewards: bool = False
-    max_batch_bytes: int = Field(64 * 2**20, ge=1024)
-    bootstrap_retries: int = Field(5, ge=0)
-    bootstrap_timeout_s: float = Field(15.0, gt=0.0)
+    heartbeat_s: float = Field(5.0, gt=0.0, description="membership record refresh period")
+    record_ttl_s: float = Field(60.0, gt=0.0, description="membership / announcement expiry")
+    trust_peer_rewards: bool = Field(False, description="use peers' claimed rewards (only for tasks this node cannot verify)")
+    max_batch_bytes: int = Field(64 * 2**20, ge=1024, description="refuse larger payloads before reading them")
+    bootstrap_retries: int = Field(5, ge=0, description="join attempts before giving up")
+    bootstrap_timeout_s: float = Field(15.0, gt=0.0, description="per join attempt")
 
 
 class DPOConfig(_Section):
-    """Decentralized (gossip) or federated DPO (see docs/algorithms.md)."""
+    """Decentralized (gossip) or federated DPO (see docs/dpo.md)."""
 
     averaging: Literal["gossip", "federated", "none"] = "gossip"
     topology: Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"] = "ring"
     er_probability: float = Field(0.5, gt=0.0, le=1.0)
+    graph_seed: int = Field(0, description="erdos_renyi graph and federated sampling seed; the same on every node")
     beta: float = Field(0.1, gt=0.0)
-    local_steps: int = Field(4, ge=1)
+    local_steps: int = Field(1, ge=1, description="E: DPO steps between averages (more steps = more client drift on non-IID data)")
     batch_size: int = Field(8, ge=1)
+    lr: float | None = Field(None, gt=0.0, description="None: 3e-3 for tiny presets, else 1e-4 LoRA / 1e-6 full")
+    max_length: int = Field(128, ge=4, description="tokens per prompt+response; the prompt is cut on the left")
     data_path: str | None = Field(None, description="JSONL prompt/chosen/rejected or Anthropic-HH; None: built-in synthetic task")
-    user: int | None = Field(None, ge=0, description="synthetic task: which user's taste this node has")
+    eval_data_path: str | None = Field(None, description="held-out JSONL; None: the last 10% of data_path")
+    user: int | None = Field(None, ge=0, description="synthetic task: which user's taste this node has; None: seed mod num_users")
+    num_users: int = Field(4, ge=1, le=16, description="synthetic task: number of distinct users (tastes)")
+    pairs_per_user: int = Field(256, ge=1, description="synthetic task: training pairs of this node's user")
+    heldout_pairs: int = Field(256, ge=1, description="synthetic task: held-out pairs from the mixture of all users")
     compression: Literal["none", "float16", "uint8"] = "float16"
     gossip_deadline_s: float = Field(30.0, gt=0.0)
     participants_per_round: int | None = Field(None, ge=1, description="federated: S sampled each round; None = all")
+    min_peers: int = Field(1, ge=1, description="wait (up to join_wait_s) until this many DPO peers, self included, are live")
+    join_wait_s: float = Field(30.0, ge=0.0)
 
 
 class CheckpointConfig(_Section):
-    every_rounds: int = Field(10, ge=1)
-    keep: int = Field(2, ge=1)
+    """Atomic checkpoints in the state dir."""
+
+    every_rounds: int = Field(10, ge=1, description="checkpoint period (and always on stop)")
+    keep: int = Field(2, ge=1, description="checkpoints kept in the state dir")
 
 
 class MetricsConfig(_Section):
+    """metrics.jsonl rows, periodic eval and the optional Prometheus endpoint."""
+
     eval_every: int = Field(5, ge=1, description="evaluate every k rounds (and at round 0)")
-    prometheus_port: int | None = Field(None, ge=1, le=65535)
+    prometheus_port: int | None = Field(None, ge=1, le=65535, description="serve /metrics on this port (opt-in)")
 
 
 class NodeConfig(_Section):
     """A whole node."""
 
-    mode: Literal["grpo", "dpo"] = "grpo"
+    mode: Literal["grpo", "dpo"] = Field("grpo", description="GRPO with F-TIS sample sharing, or DPO with parameter averaging")
     rounds: int | None = Field(None, ge=1, description="stop after this many rounds; None = run until stopped")
-    seed: int = 0
+    seed: int = Field(0, description="seeds prompts, sampling and init; give each node its own")
     model: ModelConfig = ModelConfig()
     generation: GenerationConfig = GenerationConfig()
     task: TaskConfig = TaskConfig()
