@@ -1,0 +1,166 @@
+"""Load a causal LM + tokenizer from a local directory (or a hub id where the hub is reachable).
+
+One function for every model a node can own: the tiny built-in presets take the same `from_pretrained`
+path as a real Qwen2.5 or Llama checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarm_node.config import LoraConfig
+from swarm_node.errors import UserFacingError
+
+log = logging.getLogger(__name__)
+
+PRESET_META_FILE = "swarm_node.json"  # written by the tiny factory: preset name, default lrs, warm-up score
+
+
+@dataclass
+class LoadedModel:
+    model: Any                     # transformers PreTrainedModel (possibly a peft PeftModel)
+    tokenizer: Any                 # PreTrainedTokenizerFast / TokenizersBackend
+    name: str                      # announced to peers
+    path: str
+    device: torch.device
+    dtype: torch.dtype
+    tokenizer_fp: str              # peers with another fingerprint cannot share token ids
+    is_lora: bool = False
+    meta: dict = field(default_factory=dict)  # factory metadata (presets only)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.get_input_embeddings().weight.shape[0])
+
+    def default_lr(self) -> float:
+        """Per-preset learning rate when the config leaves training.lr unset (paper: 1e-6 full, 1e-4 LoRA)."""
+        key = "lr_lora" if self.is_lora else "lr_full"
+        return float(self.meta.get(key, 1e-4 if self.is_lora else 1e-6))
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    if device != "auto":
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserFacingError(f"model.device is {device!r} but no CUDA device is available; use 'auto' or 'cpu'")
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """bf16 on a GPU that supports it, fp32 on CPU (unless the config says otherwise)."""
+    if dtype != "auto":
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """Hash of the id -> token mapping and special tokens: equal fingerprints mean token ids carry over."""
+    vocab = tokenizer.get_vocab()
+    items = sorted(vocab.items(), key=lambda kv: kv[1])
+    special = {k: getattr(tokenizer, k, None) for k in ("eos_token", "pad_token", "bos_token", "unk_token")}
+    blob = json.dumps([items, special], ensure_ascii=False, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def resolve_model_path(path: str, presets_dir: str | Path | None = None) -> str:
+    """A preset name (tiny-s, tiny-m) maps to its built directory; anything else is returned unchanged."""
+    from swarm_node.models.factory import PRESETS, default_presets_dir
+
+    if path in PRESETS:
+        root = Path(presets_dir) if presets_dir else default_presets_dir()
+        return str(root / path)
+    return path
+
+
+def load_model(
+    path: str,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+    lora: LoraConfig | None = None,
+    name: str | None = None,
+    presets_dir: str | Path | None = None,
+) -> LoadedModel:
+    """Load model + tokenizer, pick dtype/device, optionally wrap in a peft LoRA adapter.
+
+    Preset names (tiny-s, tiny-m) are built on first use by the tiny factory.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from swarm_node.models.factory import PRESETS, ensure_preset
+
+    if path in PRESETS:
+        path = str(ensure_preset(path, presets_dir))
+    local = Path(path).expanduser()
+    is_local = local.is_dir()
+    if not is_local and (local.exists() or path.startswith((".", "/", "~"))):
+        raise UserFacingError(f"model path {path!r} is not a directory with a saved model")
+    kwargs: dict[str, Any] = {}
+    if not is_local and os.environ.get("HF_HUB_OFFLINE") == "1":
+        kwargs["local_files_only"] = True
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    src = str(local) if is_local else path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=dt, **kwargs)
+    except OSError as exc:
+        if is_local:
+            raise UserFacingError(f"could not load a model from {local}: {exc}") from exc
+        raise UserFacingError(
+            f"could not load {path!r} from the model hub ({exc.__class__.__name__}). If this machine is offline, "
+            "download the checkpoint elsewhere and pass its local directory as model.path "
+            "(e.g. --set model.path=/models/Qwen2.5-1.5B), or use a built-in preset (tiny-s, tiny-m)."
+        ) from exc
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.to(dev)
+    meta: dict = {}
+    meta_file = local / PRESET_META_FILE if is_local else None
+    if meta_file and meta_file.is_file():
+        meta = json.loads(meta_file.read_text())
+    is_lora = bool(lora and lora.enabled)
+    if is_lora:
+        model = wrap_lora(model, lora)
+    model.train()
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        name=name or (local.name if is_local else path),
+        path=src,
+        device=dev,
+        dtype=dt,
+        tokenizer_fp=tokenizer_fingerprint(tokenizer),
+        is_lora=is_lora,
+        meta=meta,
+    )
+
+
+def wrap_lora(model: Any, lora: LoraConfig) -> Any:
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    pcfg = PeftLoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, pcfg)
+
+
+def trainable_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
