@@ -1,1 +1,32 @@
-"""generation package."""
+"""Generation backends: G completions per prompt with the behaviour log-probs they were sampled with.
+
+`make_generator` picks the backend named by `generation.backend`; the node calls
+`generator.sync_weights(model)` after each optimizer step (a no-op for transformers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from swarm_node.generation.base import Generator, Sample
+
+__all__ = ["Generator", "Sample", "make_generator"]
+
+
+def make_generator(loaded_model: Any, gen_cfg: Any) -> Generator:
+    """Build the generator for a `LoadedModel` and a `GenerationConfig`."""
+    tok = loaded_model.tokenizer
+    if gen_cfg.backend == "transformers":
+        from swarm_node.generation.hf import TransformersGenerator
+
+        return TransformersGenerator(
+            loaded_model.model,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            batch_size=gen_cfg.batch_size,
+        )
+    if gen_cfg.backend == "vllm":
+        from swarm_node.generation.vllm_backend import VLLMGenerator
+
+        return VLLMGenerator.for_loaded_model(loaded_model)
+    raise ValueError(f"unknown generation.backend {gen_cfg.backend!r}; expected 'transformers' or 'vllm'")

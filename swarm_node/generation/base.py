@@ -41,3 +41,4 @@ class Generator(ABC):
         A no-op for backends that sample from the training model itself (transformers); an engine with
         its own copy of the weights (vLLM) overrides it, or it would keep sampling from a stale policy.
         """
+        return None

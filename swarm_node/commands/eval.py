@@ -1,0 +1,54 @@
+"""`swarm-node eval`: greedy accuracy of a saved model (or preset) on a task's held-out split."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+NAME = "eval"
+HELP = "greedy exact-match accuracy of a model on a task's held-out eval split"
+
+DEFAULT_MAX_NEW_TOKENS = {"arithmetic": 8, "gsm8k": 64}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="saved model directory, hub id, or preset name (tiny-s, tiny-m)")
+    p.add_argument("--task", default="arithmetic", choices=sorted(DEFAULT_MAX_NEW_TOKENS))
+    p.add_argument("--split", default="id", choices=["id", "ood"], help="eval split (gsm8k has only 'id')")
+    p.add_argument("--n", type=int, default=200, help="number of eval prompts (the first n of the split)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="default: 8 for arithmetic, 64 for gsm8k")
+    p.add_argument("--data-path", default=None, help="gsm8k: JSONL or parquet file")
+    p.add_argument("--eval-data-path", default=None, help="gsm8k: held-out file (default: the last 10%% of --data-path)")
+    p.add_argument("--batch-size", type=int, default=256, help="sequences decoded together")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    from swarm_node.config import TaskConfig
+    from swarm_node.errors import UserFacingError
+    from swarm_node.models.loading import load_model
+    from swarm_node.node.evaluation import evaluate
+    from swarm_node.tasks import get_task
+
+    if args.n < 1:
+        raise UserFacingError(f"--n must be at least 1, got {args.n}")
+    if args.batch_size < 1:
+        raise UserFacingError(f"--batch-size must be at least 1, got {args.batch_size}")
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS[args.task]
+    if max_new < 1:
+        raise UserFacingError(f"--max-new-tokens must be at least 1, got {max_new}")
+    task_cfg = TaskConfig(name=args.task, data_path=args.data_path, eval_data_path=args.eval_data_path,
+                          eval_split=args.split)
+    task = get_task(task_cfg)
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    result = evaluate(loaded.model, loaded.tokenizer, task, args.split, args.n, max_new, batch_size=args.batch_size)
+    result = {"task": args.task, "model": args.model, **result, "max_new_tokens": max_new}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.model} on {args.task}/{result['split']}: accuracy {result['accuracy']:.3f} "
+              f"({round(result['accuracy'] * result['n'])}/{result['n']}), mean reward {result['reward_mean']:.3f}, "
+              f"{result['seconds']:.1f} s")
+    return 0
