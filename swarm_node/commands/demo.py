@@ -1,0 +1,137 @@
+"""`swarm-node demo`: the embedded default. A local swarm of heterogeneous tiny peers, with a report.
+
+Builds (or reuses) the tiny presets, starts a bootstrap peer and one process per peer on 127.0.0.1,
+shows a live table, then writes report.json, report.md and PNG plots. `--compare-alone` also trains the
+same peers alone (no swarm) for the same rounds and puts both curves on the plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from swarm_node.errors import UserFacingError
+
+NAME = "demo"
+HELP = "run a local swarm of tiny heterogeneous GRPO peers and write a report with plots"
+
+PEERS_DIR = Path(__file__).resolve().parents[2] / "peers"
+DEFAULT_PEERS = ["tiny-s", "tiny-m", "tiny-s-lora"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("demo-out"), help="output directory (default: ./demo-out)")
+    p.add_argument("--rounds", type=int, default=40, help="rounds per peer (default: 40)")
+    p.add_argument("--peers", nargs="+", default=DEFAULT_PEERS,
+                   help="peer configs: names of peers/*.yaml or paths (default: tiny-s tiny-m tiny-s-lora)")
+    p.add_argument("--task", default="arithmetic", choices=["arithmetic", "gsm8k"], help="task for every peer")
+    p.add_argument("--data-path", default=None, help="gsm8k: JSONL/parquet file")
+    p.add_argument("--variant", default=None, help="override training.variant for every peer (e.g. naive, ftis)")
+    p.add_argument("--compare-alone", action="store_true", help="also train each peer alone and plot both")
+    p.add_argument("--eval-every", type=int, default=5, help="evaluate every k rounds (default: 5)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _resolve_peer(spec: str) -> Path:
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    cand = PEERS_DIR / f"{spec}.yaml"
+    if cand.is_file():
+        return cand
+    known = sorted(p.stem for p in PEERS_DIR.glob("*.yaml") if not p.stem.startswith("dpo"))
+    raise UserFacingError(f"unknown peer {spec!r}: give a YAML path or one of {known}")
+
+
+def _build_presets(templates: list[Path]) -> None:
+    import yaml
+
+    from swarm_node.models.factory import PRESETS, ensure_preset
+
+    needed = []
+    for t in templates:
+        path = (yaml.safe_load(t.read_text()) or {}).get("model", {}).get("path", "tiny-s")
+        if path in PRESETS and path not in needed:
+            needed.append(path)
+    for name in needed:
+        ensure_preset(name, progress=lambda msg: print(f"[demo] {msg}", flush=True))
+
+
+def _run_arm(arm: str, args: argparse.Namespace, templates: list[Path], out: Path) -> dict[str, int]:
+    from swarm_node.node.live import LiveTable
+    from swarm_node.node.local_swarm import Peer, start_bootstrap, stop_process, write_peer_config
+
+    swarm = arm == "swarm"
+    overrides = {"rounds": args.rounds, "task.name": args.task, "metrics.eval_every": args.eval_every,
+                 "swarm.enabled": swarm, "swarm.swarm_id": "demo"}
+    if args.data_path:
+        overrides["task.data_path"] = str(Path(args.data_path).resolve())
+    if args.variant:
+        overrides["training.variant"] = args.variant
+    peers = []
+    for t in templates:
+        cfg = write_peer_config(t, out / "configs" / arm / t.name, overrides)
+        peers.append(Peer(name=t.stem, config=cfg, state_dir=out / arm / t.stem))
+    boot = None
+    codes: dict[str, int] = {}
+    try:
+        if swarm:
+            boot = start_bootstrap(out / "bootstrap", "demo")
+            print(f"[demo] bootstrap peer at {boot.maddrs[0]}", flush=True)
+        for p in peers:
+            p.start(boot.maddrs if boot else None, args.log_level)
+        print(f"[demo] {arm}: started {len(peers)} peers ({', '.join(p.name for p in peers)}); "
+              f"logs in {out / arm}/<peer>/node.log", flush=True)
+        with LiveTable(f"{arm}: {args.rounds} rounds", peers, args.rounds) as live:
+            while any(p.running() for p in peers):
+                live.refresh()
+                time.sleep(1.0)
+            live.refresh()
+    except KeyboardInterrupt:
+        print("\n[demo] interrupted: stopping peers (they checkpoint first)", flush=True)
+        raise
+    finally:
+        for p in peers:
+            if p.proc is not None:
+                codes[p.name] = stop_process(p.proc) if p.running() else p.proc.returncode
+        if boot:
+            boot.stop()
+    for name, code in codes.items():
+        if code != 0:
+            log = out / arm / name / "node.log"
+            tail = "".join(log.read_text().splitlines(keepends=True)[-15:]) if log.exists() else ""
+            raise UserFacingError(f"peer {name} ({arm}) exited with code {code}; last lines of {log}:\n{tail}")
+    return codes
+
+
+def run(args: argparse.Namespace) -> int:
+    import shutil
+
+    from swarm_node.node.report import write_report
+
+    templates = [_resolve_peer(s) for s in args.peers]
+    out = args.out.resolve()
+    if out.exists():
+        for arm in ("swarm", "alone", "configs", "bootstrap"):
+            shutil.rmtree(out / arm, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    _build_presets(templates)
+    _run_arm("swarm", args, templates, out)
+    if args.compare_alone:
+        _run_arm("alone", args, templates, out)
+    command = "swarm-node " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "swarm-node demo"
+    report = write_report(out, {"command": command, "rounds": args.rounds, "task": args.task,
+                                "peers": [t.stem for t in templates], "seconds": round(time.time() - t0, 1)})
+    print()
+    print((out / "report.md").read_text())
+    for arm, peers in report["arms"].items():
+        for peer, s in peers.items():
+            print(f"[demo] {peer:12s} {arm:5s}: eval accuracy {s['start_accuracy']} -> {s['end_accuracy']}, "
+                  f"external groups {s['external_groups']}, filtered {s['filtered']}")
+    print(f"[demo] report: {out / 'report.md'}; plots: {out / 'reward.png'}, {out / 'accuracy.png'} "
+          f"({time.time() - t0:.0f}s)")
+    return 0

@@ -1,0 +1,125 @@
+"""Run a local multi-peer swarm as real processes on 127.0.0.1 (what compose.yaml does with containers).
+
+Used by `swarm-node demo` and by the multi-process tests: a bootstrap peer, then one `swarm-node run`
+process per peer config, each with its own state dir and log file.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from swarm_node.errors import UserFacingError
+
+
+def child_env(threads: int = 1) -> dict[str, str]:
+    """Environment for peer processes: one compute thread each, so peers share 2 cores fairly."""
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+                "TOKENIZERS_PARALLELISM": "false"})
+    return env
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "swarm_node.cli", *args]
+
+
+@dataclass
+class Bootstrap:
+    proc: subprocess.Popen
+    maddrs: list[str]
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+def start_bootstrap(workdir: Path, swarm_id: str, timeout_s: float = 60.0) -> Bootstrap:
+    """Start `swarm-node bootstrap` on 127.0.0.1 and wait for its first printed multiaddr."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = open(workdir / "bootstrap.log", "w")
+    proc = subprocess.Popen(
+        cli("bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity", str(workdir / "bootstrap.key"),
+            "--swarm", swarm_id),
+        stdout=subprocess.PIPE, stderr=log, env=child_env(), start_new_session=True,
+    )
+    end = time.monotonic() + timeout_s
+    maddrs: list[str] = []
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    buf = b""
+    while time.monotonic() < end and not maddrs:
+        if proc.poll() is not None:
+            raise UserFacingError(f"bootstrap peer exited with code {proc.returncode}; see {workdir / 'bootstrap.log'}")
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            buf += os.read(fd, 65536)
+        maddrs = [ln.strip() for ln in buf.decode(errors="replace").splitlines() if ln.startswith("/")]
+    if not maddrs:
+        stop_process(proc)
+        raise UserFacingError(f"bootstrap peer printed no address within {timeout_s:.0f}s; see {workdir / 'bootstrap.log'}")
+    return Bootstrap(proc, maddrs)
+
+
+@dataclass
+class Peer:
+    name: str
+    config: Path
+    state_dir: Path
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def metrics(self) -> Path:
+        return self.state_dir / "metrics.jsonl"
+
+    def start(self, initial_peers: list[str] | None, log_level: str = "info") -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.state_dir / "node.log"
+        args = ["run", "--config", str(self.config), "--state-dir", str(self.state_dir), "--log-level", log_level,
+                *self.extra_args]
+        if initial_peers:
+            args += ["--initial-peers", *initial_peers]
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(cli(*args), stdout=log, stderr=subprocess.STDOUT, env=child_env(),
+                                     start_new_session=True)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def write_peer_config(template: Path, out: Path, overrides: dict) -> Path:
+    """Copy a peers/*.yaml template with nested overrides applied (rounds, task, swarm settings...)."""
+    data = yaml.safe_load(Path(template).read_text()) or {}
+    for dotted, value in overrides.items():
+        node = data
+        parts = dotted.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+
+
+def stop_process(proc: subprocess.Popen, grace_s: float = 30.0) -> int | None:
+    """SIGTERM (the node checkpoints and leaves), then SIGKILL after the grace period."""
+    if proc.poll() is not None:
+        return proc.returncode
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return proc.poll()
+    try:
+        return proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait(10)

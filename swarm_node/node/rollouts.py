@@ -1,0 +1,133 @@
+"""Rollouts between the generator, the wire and the trainer.
+
+Local samples become TrainGroups and a RolloutBatch to publish; a peer's decoded batch becomes
+TrainGroups only after it is checked against what this node can use (swarm, task, tokenizer, vocab), each
+prompt is rebuilt from its id, and (by default) every reward is recomputed locally: peers' claimed
+rewards are not trusted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from swarm_node.generation.base import Sample
+from swarm_node.generation.hf import completion_text
+from swarm_node.protocol import Completion, Group, RolloutBatch
+from swarm_node.tasks.base import Prompt, Task
+from swarm_node.training.groups import TrainGroup
+
+
+@dataclass
+class LocalRollouts:
+    prompts: list[Prompt]
+    prompt_ids: list[list[int]]
+    samples: list[list[Sample]]
+    rewards: list[np.ndarray]
+
+    def train_groups(self) -> list[TrainGroup]:
+        return [
+            TrainGroup(
+                prompt_ids=pids,
+                completions=[s.token_ids for s in ss],
+                behaviour_logprobs=[s.logprobs for s in ss],
+                rewards=r,
+            )
+            for pids, ss, r in zip(self.prompt_ids, self.samples, self.rewards, strict=True)
+        ]
+
+    def reward_mean(self) -> float:
+        return float(np.mean(np.concatenate(self.rewards))) if self.rewards else float("nan")
+
+    def tokens(self) -> int:
+        return int(sum(len(s.token_ids) for ss in self.samples for s in ss))
+
+    def to_batch(self, *, swarm_id: str, task_id: str, tokenizer_fp: str, model_name: str, round_: int,
+                 vocab_size: int) -> RolloutBatch:
+        groups = [
+            Group(
+                prompt_id=p.id,
+                prompt_ids=np.asarray(pids, dtype=np.int64),
+                completions=[Completion(s.token_ids, s.logprobs, float(r)) for s, r in zip(ss, rs, strict=True)],
+            )
+            for p, pids, ss, rs in zip(self.prompts, self.prompt_ids, self.samples, self.rewards, strict=True)
+        ]
+        return RolloutBatch(swarm_id=swarm_id, task_id=task_id, tokenizer_fp=tokenizer_fp, model_name=model_name,
+                            round=round_, vocab_size=vocab_size, groups=groups)
+
+
+def score(task: Task, tokenizer: Any, prompts: list[Prompt], samples: list[list[Sample]]) -> list[np.ndarray]:
+    return [
+        np.array([task.reward(p, completion_text(tokenizer, s)) for s in ss], dtype=np.float32)
+        for p, ss in zip(prompts, samples, strict=True)
+    ]
+
+
+@dataclass
+class Expectations:
+    """What a peer's batch must match for this node to train on it."""
+
+    swarm_id: str
+    task_id: str
+    tokenizer_fp: str
+    vocab_size: int
+    trust_peer_rewards: bool = False
+
+
+@dataclass
+class Admitted:
+    groups: list[TrainGroup] = field(default_factory=list)
+    rejected: Counter = field(default_factory=Counter)   # reason -> count (groups or whole batches)
+    rewards_changed: int = 0                              # completions whose claimed reward we overrode
+
+
+def admit_batch(batch: RolloutBatch, source: str, task: Task, tokenizer: Any, expect: Expectations) -> Admitted:
+    """Turn a decoded peer batch into TrainGroups, declining what this node cannot verify or use."""
+    out = Admitted()
+    if batch.swarm_id != expect.swarm_id:
+        out.rejected["swarm_mismatch"] += 1
+        return out
+    if batch.task_id != expect.task_id:
+        out.rejected["task_mismatch"] += 1
+        return out
+    if batch.tokenizer_fp != expect.tokenizer_fp:
+        out.rejected["tokenizer_mismatch"] += 1
+        return out
+    if batch.vocab_size > expect.vocab_size:
+        out.rejected["vocab_mismatch"] += 1
+        return out
+    for g in batch.groups:
+        prompt = task.prompt_from_id(g.prompt_id)
+        if prompt is None:
+            out.rejected["unknown_prompt"] += 1
+            continue
+        expected_ids = tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
+        if list(np.asarray(g.prompt_ids).tolist()) != list(expected_ids):
+            out.rejected["prompt_mismatch"] += 1
+            continue
+        if len(g.completions) < 2:
+            out.rejected["group_too_small"] += 1
+            continue
+        claimed = np.array([c.reward for c in g.completions], dtype=np.float32)
+        if expect.trust_peer_rewards:
+            rewards = claimed
+        else:
+            rewards = np.array(
+                [task.reward(prompt, tokenizer.decode(np.asarray(c.token_ids).tolist(), skip_special_tokens=True))
+                 for c in g.completions],
+                dtype=np.float32,
+            )
+            out.rewards_changed += int(np.sum(np.abs(rewards - claimed) > 1e-6))
+        out.groups.append(
+            TrainGroup(
+                prompt_ids=np.asarray(g.prompt_ids),
+                completions=[np.asarray(c.token_ids) for c in g.completions],
+                behaviour_logprobs=[np.asarray(c.logprobs) for c in g.completions],
+                rewards=rewards,
+                source=source,
+            )
+        )
+    return out
