@@ -20,6 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--initial-peers", nargs="*", default=[], help="other bootstrap peers to join (optional)")
     p.add_argument("--swarm", default="default", help="swarm id whose record shapes this peer validates")
     p.add_argument("--no-relay", action="store_true", help="disable libp2p circuit relay")
+    p.add_argument("--maddrs-file", default=None,
+                   help="also write the visible multiaddrs to this file (peers read it with --initial-peers-file)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
@@ -41,8 +43,17 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     dht = start_dht(cfg, identity, validators, check_identity=not created, logger=log)
     try:
-        for maddr in dht.get_visible_maddrs():
+        maddrs = [str(m) for m in dht.get_visible_maddrs()]
+        for maddr in maddrs:
             print(maddr, flush=True)
+        if args.maddrs_file:
+            from pathlib import Path
+
+            out = Path(args.maddrs_file)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp_file = out.with_suffix(out.suffix + ".tmp")
+            tmp_file.write_text("".join(m + "\n" for m in maddrs))
+            tmp_file.replace(out)  # atomic: a reader never sees half a file
         while not stop.wait(1.0):
             if not dht.is_alive():  # supervise: same identity, so the printed addresses stay valid
                 log.warning("DHT child died (exit code %s); restarting", dht.exitcode)

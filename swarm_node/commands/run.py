@@ -13,6 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="YAML config file (default: built-in defaults)")
     p.add_argument("--state-dir", type=Path, default=Path("runs/node"), help="checkpoints + metrics.jsonl")
     p.add_argument("--initial-peers", nargs="*", default=None, help="bootstrap multiaddrs (enables the swarm)")
+    p.add_argument("--initial-peers-file", type=Path, default=None,
+                   help="read bootstrap multiaddrs from this file (one per line; waits up to 120 s for it to appear)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set training.lr=1e-4 (repeatable)")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
@@ -23,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
     from swarm_node.config import load_config
 
     overrides = list(args.overrides)
+    if args.initial_peers_file is not None:
+        args.initial_peers = list(args.initial_peers or []) + _read_peers_file(args.initial_peers_file)
     if args.initial_peers is not None:
         overrides.append("swarm.enabled=true")
         overrides.append("swarm.initial_peers=" + repr(list(args.initial_peers)).replace("'", '"'))
@@ -37,3 +41,18 @@ def run(args: argparse.Namespace) -> int:
     from swarm_node.node.grpo_node import run_grpo_node
 
     return run_grpo_node(cfg, args.state_dir, log_level=args.log_level)
+
+
+def _read_peers_file(path: Path, wait_s: float = 120.0) -> list[str]:
+    import time
+
+    from swarm_node.errors import UserFacingError
+
+    end = time.monotonic() + wait_s
+    while time.monotonic() < end:
+        if path.is_file():
+            peers = [ln.strip() for ln in path.read_text().splitlines() if ln.strip().startswith("/")]
+            if peers:
+                return peers
+        time.sleep(1.0)
+    raise UserFacingError(f"no multiaddrs in {path} after {wait_s:.0f}s (is the bootstrap peer running?)")
