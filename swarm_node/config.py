@@ -109,13 +109,15 @@ class SwarmConfig(_Section):
 class DPOConfig(_Section):
     """Decentralized (gossip) or federated DPO (see docs/dpo.md)."""
 
-    averaging: Literal["gossip", "federated", "none"] = "gossip"
-    topology: Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"] = "ring"
-    er_probability: float = Field(0.5, gt=0.0, le=1.0)
+    averaging: Literal["gossip", "federated", "none"] = Field(
+        "gossip", description="gossip with graph neighbours, exact mean over all participants, or local only")
+    topology: Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"] = Field(
+        "ring", description="gossip graph over the sorted live peer ids; must be the same on every node")
+    er_probability: float = Field(0.5, gt=0.0, le=1.0, description="erdos_renyi: edge probability")
     graph_seed: int = Field(0, description="erdos_renyi graph and federated sampling seed; the same on every node")
-    beta: float = Field(0.1, gt=0.0)
+    beta: float = Field(0.1, gt=0.0, description="DPO temperature on the implicit reward margin")
     local_steps: int = Field(1, ge=1, description="E: DPO steps between averages (more steps = more client drift on non-IID data)")
-    batch_size: int = Field(8, ge=1)
+    batch_size: int = Field(8, ge=1, description="preference pairs per local step")
     lr: float | None = Field(None, gt=0.0, description="None: 3e-3 for tiny presets, else 1e-4 LoRA / 1e-6 full")
     max_length: int = Field(128, ge=4, description="tokens per prompt+response; the prompt is cut on the left")
     data_path: str | None = Field(None, description="JSONL prompt/chosen/rejected or Anthropic-HH; None: built-in synthetic task")
@@ -124,11 +126,15 @@ class DPOConfig(_Section):
     num_users: int = Field(4, ge=1, le=16, description="synthetic task: number of distinct users (tastes)")
     pairs_per_user: int = Field(256, ge=1, description="synthetic task: training pairs of this node's user")
     heldout_pairs: int = Field(256, ge=1, description="synthetic task: held-out pairs from the mixture of all users")
-    compression: Literal["none", "float16", "uint8"] = "float16"
-    gossip_deadline_s: float = Field(30.0, gt=0.0)
+    compression: Literal["none", "float16", "uint8"] = Field(
+        "float16", description="hivemind compression of parameter payloads; must be the same on every node")
+    gossip_deadline_s: float = Field(30.0, gt=0.0, description="wait this long for a neighbour's params, then re-weight without it")
     participants_per_round: int | None = Field(None, ge=1, description="federated: S sampled each round; None = all")
+    federated_backend: Literal["allreduce", "published"] = Field(
+        "allreduce", description="federated: hivemind DecentralizedAverager all-reduce, or the mean of all "
+        "participants' published params (bit-identical on every node; used whenever participants_per_round is set)")
     min_peers: int = Field(1, ge=1, description="wait (up to join_wait_s) until this many DPO peers, self included, are live")
-    join_wait_s: float = Field(30.0, ge=0.0)
+    join_wait_s: float = Field(30.0, ge=0.0, description="how long to wait for min_peers at start")
 
 
 class CheckpointConfig(_Section):

@@ -2,8 +2,9 @@
 
 Gossip mode builds the topology every round from the sorted ids of the live DPO peers with our
 architecture fingerprint, so all nodes that see the same membership agree on the graph without talking.
-Federated mode averages all participants' published parameters exactly (or S of them, sampled from a
-seed every node shares); see docs/dpo.md for why this, and not DecentralizedAverager, is used.
+Federated mode takes the exact mean over all participants, by hivemind's DecentralizedAverager
+all-reduce or from everyone's published parameters (S of them, sampled from a seed every node shares,
+when participants_per_round is set); see docs/dpo.md.
 """
 
 from __future__ import annotations
