@@ -46,6 +46,17 @@ def _resolve_peer(spec: str) -> Path:
     raise UserFacingError(f"unknown peer {spec!r}: give a YAML path or one of {known}")
 
 
+def _peer_names(templates: list[Path]) -> list[str]:
+    """One name (and state dir) per peer: `--peers tiny-s tiny-s` runs two peers, tiny-s and tiny-s-2."""
+    names: list[str] = []
+    for t in templates:
+        name, i = t.stem, 2
+        while name in names:
+            name, i = f"{t.stem}-{i}", i + 1
+        names.append(name)
+    return names
+
+
 def _build_presets(templates: list[Path]) -> None:
     import yaml
 
@@ -65,16 +76,17 @@ def _run_arm(arm: str, args: argparse.Namespace, templates: list[Path], out: Pat
     from swarm_node.node.local_swarm import Peer, start_bootstrap, stop_process, write_peer_config
 
     swarm = arm == "swarm"
+    # loopback only: a local demo should not open ports on every interface of the machine
     overrides = {"rounds": args.rounds, "task.name": args.task, "metrics.eval_every": args.eval_every,
-                 "swarm.enabled": swarm, "swarm.swarm_id": "demo"}
+                 "swarm.enabled": swarm, "swarm.swarm_id": "demo", "swarm.host_maddrs": ["/ip4/127.0.0.1/tcp/0"]}
     if args.data_path:
         overrides["task.data_path"] = str(Path(args.data_path).resolve())
     if args.variant:
         overrides["training.variant"] = args.variant
     peers = []
-    for t in templates:
-        cfg = write_peer_config(t, out / "configs" / arm / t.name, overrides)
-        peers.append(Peer(name=t.stem, config=cfg, state_dir=out / arm / t.stem))
+    for name, t in zip(_peer_names(templates), templates, strict=True):
+        cfg = write_peer_config(t, out / "configs" / arm / f"{name}.yaml", overrides)
+        peers.append(Peer(name=name, config=cfg, state_dir=out / arm / name))
     boot = None
     codes: dict[str, int] = {}
     try:
@@ -125,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         _run_arm("alone", args, templates, out)
     command = "swarm-node " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "swarm-node demo"
     report = write_report(out, {"command": command, "rounds": args.rounds, "task": args.task,
-                                "peers": [t.stem for t in templates], "seconds": round(time.time() - t0, 1)})
+                                "peers": _peer_names(templates), "seconds": round(time.time() - t0, 1)})
     print()
     print((out / "report.md").read_text())
     for arm, peers in report["arms"].items():

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from swarm_node.node.rollouts import Expectations, LocalRollouts, admit_batch, s
 from swarm_node.protocol import DecodeLimits, ProtocolError, decode_batch, encode_batch
 from swarm_node.tasks import get_task
 from swarm_node.tasks.base import Task
+from swarm_node.training.groups import TrainGroup
 from swarm_node.training.grpo_step import GRPOTrainer
 
 log = logging.getLogger("swarm_node.node")
@@ -79,6 +81,8 @@ class GRPONode:
             vocab_size=self.loaded.vocab_size, trust_peer_rewards=cfg.swarm.trust_peer_rewards,
         )
         self.rejected_total: Counter = Counter()
+        # groups from an in-process source instead of the swarm (off-policy experiments, benchmarks)
+        self.external_source: Callable[[int], list[TrainGroup]] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -135,6 +139,10 @@ class GRPONode:
         info: dict = {"external_by_peer": {}, "rejected": {}, "rewards_overridden": 0, "bytes_out": 0,
                       "bytes_in": 0, "peers_seen": 0, "collect_s": 0.0}
         if self.swarm is None:
+            if self.external_source is not None:
+                groups = self.external_source(round_)
+                info["external_by_peer"] = {"in-process": len(groups)}
+                return groups, info
             return [], info
         sw = self.cfg.swarm
         batch = local.to_batch(swarm_id=sw.swarm_id, task_id=self.task.task_id,
@@ -150,10 +158,14 @@ class GRPONode:
         def accept(m) -> bool:
             return m.mode == "grpo" and m.task_id == self.task.task_id and m.tokenizer_fp == self.loaded.tokenizer_fp
 
+        swarm_rejected_before = dict(self.swarm.stats().get("rejected", {}))
         received = self.swarm.collect("batch", round_, k=sw.max_peers_per_round, staleness=sw.staleness_rounds,
                                       deadline_s=sw.collect_deadline_s, accept=accept)
         info["collect_s"] = time.perf_counter() - t0
         rejected: Counter = Counter()
+        for reason, n in self.swarm.stats().get("rejected", {}).items():  # transport-level: timeouts, digests...
+            if n > swarm_rejected_before.get(reason, 0):
+                rejected[f"swarm:{reason}"] += n - swarm_rejected_before.get(reason, 0)
         groups = []
         for rec in received:
             info["bytes_in"] += len(rec.payload)

@@ -44,12 +44,12 @@ class Bootstrap:
 def start_bootstrap(workdir: Path, swarm_id: str, timeout_s: float = 60.0) -> Bootstrap:
     """Start `swarm-node bootstrap` on 127.0.0.1 and wait for its first printed multiaddr."""
     workdir.mkdir(parents=True, exist_ok=True)
-    log = open(workdir / "bootstrap.log", "w")
-    proc = subprocess.Popen(
-        cli("bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity", str(workdir / "bootstrap.key"),
-            "--swarm", swarm_id),
-        stdout=subprocess.PIPE, stderr=log, env=child_env(), start_new_session=True,
-    )
+    with open(workdir / "bootstrap.log", "w") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            cli("bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity", str(workdir / "bootstrap.key"),
+                "--swarm", swarm_id),
+            stdout=subprocess.PIPE, stderr=log, env=child_env(), start_new_session=True,
+        )
     end = time.monotonic() + timeout_s
     maddrs: list[str] = []
     assert proc.stdout is not None
@@ -88,9 +88,9 @@ class Peer:
                 *self.extra_args]
         if initial_peers:
             args += ["--initial-peers", *initial_peers]
-        log = open(self.log_path, "a")
-        self.proc = subprocess.Popen(cli(*args), stdout=log, stderr=subprocess.STDOUT, env=child_env(),
-                                     start_new_session=True)
+        with open(self.log_path, "a") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(cli(*args), stdout=log, stderr=subprocess.STDOUT, env=child_env(),
+                                         start_new_session=True)
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -111,15 +111,30 @@ def write_peer_config(template: Path, out: Path, overrides: dict) -> Path:
 
 
 def stop_process(proc: subprocess.Popen, grace_s: float = 30.0) -> int | None:
-    """SIGTERM (the node checkpoints and leaves), then SIGKILL after the grace period."""
-    if proc.poll() is not None:
+    """SIGTERM to the node itself (it finishes the round, checkpoints, leaves), SIGKILL to its group if it hangs.
+
+    Only the main process gets SIGTERM: signalling the whole group would also stop the node's DHT child
+    and p2p daemon at once, so the round in progress would lose its network and wait out the collect
+    deadline before the node could checkpoint. Leftovers of the group are killed once the node is gone.
+    """
+    if proc.poll() is not None:  # reaped earlier: its pid may belong to someone else by now, signal nothing
         return proc.returncode
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
     except ProcessLookupError:
-        return proc.poll()
+        pass
     try:
-        return proc.wait(grace_s)
+        code = proc.wait(grace_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        return proc.wait(10)
+        _kill_group(proc.pid)
+        code = proc.wait(10)
+    _kill_group(proc.pid)
+    return code
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of a process group started with start_new_session=True (DHT child, p2pd)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -81,6 +81,7 @@ def plot(run: dict, out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     peers = sorted({p for arm in run.values() for p in arm})
@@ -104,6 +105,7 @@ def plot(run: dict, out_dir: Path) -> list[Path]:
                 ax.plot(xs, ys, style, color=colors[i % len(colors)], marker="o" if kind == "accuracy" else None,
                         markersize=3, label=f"{peer} ({arm})")
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers (short runs showed 0.25)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -120,12 +122,20 @@ def _fmt(v, spec=".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _bytes(n: int) -> str:
+    """Human-readable size: tiny-preset runs move kilobytes, real models megabytes (fixed MB read 0.00)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 def markdown(report: dict) -> str:
     lines = ["# swarm-node run report", ""]
     if report.get("command"):
         lines += [f"Command: `{report['command']}`", ""]
     lines += ["| peer | arm | rounds | eval acc start | eval acc end | best | reward 1st quarter | reward last quarter "
-              "| external groups | filtered | rejected | MB out | MB in |",
+              "| external groups | filtered | rejected | sent | received |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, peers in report["arms"].items():
         for peer, s in peers.items():
@@ -133,7 +143,7 @@ def markdown(report: dict) -> str:
             lines.append(
                 f"| {peer} | {arm} | {s['rounds']} | {_fmt(s['start_accuracy'])} | {_fmt(s['end_accuracy'])} | "
                 f"{_fmt(s['best_accuracy'])} | {_fmt(s['reward_first_quarter'])} | {_fmt(s['reward_last_quarter'])} | "
-                f"{s['external_groups']} | {s['filtered']} | {rej} | {s['bytes_out'] / 1e6:.2f} | {s['bytes_in'] / 1e6:.2f} |"
+                f"{s['external_groups']} | {s['filtered']} | {rej} | {_bytes(s['bytes_out'])} | {_bytes(s['bytes_in'])} |"
             )
     lines += ["", "Eval accuracy is greedy exact match on the held-out split; rewards are of each peer's own",
               "samples. `external groups` counts peers' groups trained on; `filtered` counts sequences the F-TIS",

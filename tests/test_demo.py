@@ -1,0 +1,116 @@
+"""`swarm-node demo` and `swarm-node report` end to end, as a user runs them (subprocesses, 127.0.0.1).
+
+One short demo with the alone baseline (2 rounds per arm) feeds every test: report.json numbers, the PNG
+plots, and regenerating the report from the metrics files alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test may build the presets
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PEERS = ("tiny-s", "tiny-m", "tiny-s-lora")
+
+
+@pytest.fixture(scope="session")
+def demo_presets(request, tmp_path_factory) -> Path:
+    """Built presets: $SWARM_NODE_PRESETS, conftest's presets_dir or a session dir (built once, shared)."""
+    from swarm_node.models.factory import ensure_preset
+
+    if os.environ.get("SWARM_NODE_PRESETS"):  # an explicit cache (built once, reused across sessions)
+        root = Path(os.environ["SWARM_NODE_PRESETS"])
+    else:
+        try:
+            root = Path(request.getfixturevalue("presets_dir"))
+        except pytest.FixtureLookupError:
+            root = tmp_path_factory.getbasetemp() / "presets"
+    for name in ("tiny-s", "tiny-m"):
+        ensure_preset(name, root)
+    return root
+
+
+def _cli(*args: str, presets: Path, timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SWARM_NODE_PRESETS": str(presets), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "swarm_node.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def demo_out(demo_presets, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("demo") / "out"
+    t0 = time.monotonic()
+    res = _cli("demo", "--rounds", "2", "--compare-alone", "--out", str(out), presets=demo_presets, timeout=400)
+    return {"out": out, "res": res, "seconds": time.monotonic() - t0}
+
+
+def _check_pngs(out: Path) -> None:
+    for name in ("reward.png", "accuracy.png"):
+        data = (out / name).read_bytes()
+        assert len(data) > 1000 and data.startswith(PNG_MAGIC), name
+
+
+def test_demo_writes_report_and_plots(demo_out):
+    res, out = demo_out["res"], demo_out["out"]
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "[demo] report:" in res.stdout
+    report = json.loads((out / "report.json").read_text())
+    assert report["rounds"] == 2 and report["peers"] == list(PEERS)
+    assert set(report["arms"]) == {"swarm", "alone"}
+    for arm, peers in report["arms"].items():
+        assert set(peers) == set(PEERS), arm
+        for name, s in peers.items():
+            assert s["rounds"] == 2, (arm, name)
+            for key in ("start_accuracy", "end_accuracy", "best_accuracy"):
+                assert isinstance(s[key], float) and 0.0 <= s[key] <= 1.0, (arm, name, key, s[key])
+            assert [r for r, _ in s["accuracy_curve"]] == [0, 2]
+            assert 0 <= s["local_groups"] <= 2 * 8  # groups with a learning signal (8 prompts a round)
+            if arm == "swarm":
+                assert s["external_groups"] > 0 and s["bytes_out"] > 0 and s["bytes_in"] > 0, (name, s)
+                assert s["external_groups_by_peer"] and all(":" in k for k in s["external_groups_by_peer"])
+                assert s["rewards_overridden"] == 0  # honest peers: every claim matches the local recomputation
+            else:
+                assert s["external_groups"] == 0 and s["bytes_out"] == 0 and s["bytes_in"] == 0, (name, s)
+    md = (out / "report.md").read_text()
+    assert all(f"| {p} | swarm |" in md and f"| {p} | alone |" in md for p in PEERS)
+    _check_pngs(out)
+    for arm in ("swarm", "alone"):
+        for p in PEERS:
+            assert (out / arm / p / "metrics.jsonl").is_file()
+            assert (out / arm / p / "node.log").is_file()
+
+
+def test_report_command_regenerates(demo_out):
+    out = demo_out["out"]
+    assert demo_out["res"].returncode == 0
+    before = json.loads((out / "report.json").read_text())
+    for name in ("report.md", "reward.png", "accuracy.png"):
+        (out / name).unlink()
+    res = _cli("report", str(out), presets=Path("/nonexistent"), timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "| tiny-m | swarm |" in res.stdout
+    _check_pngs(out)
+    again = json.loads((out / "report.json").read_text())
+    assert again["command"] == before["command"] and again["arms"] == before["arms"]  # run info kept
+    (out / "report.json").unlink()  # from the metrics files alone
+    res = _cli("report", str(out), presets=Path("/nonexistent"), timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((out / "report.json").read_text())["arms"] == before["arms"]
+    assert (out / "report.md").is_file()
+    _check_pngs(out)
+
+
+def test_report_on_empty_dir_is_a_clean_error(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "swarm_node.cli", "report", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2
+    assert "no metrics.jsonl" in res.stderr and "Traceback" not in res.stderr

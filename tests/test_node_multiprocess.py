@@ -1,0 +1,367 @@
+"""GRPO nodes as real processes on 127.0.0.1: sharing across heterogeneous peers, a lying peer, a killed
+peer, and stop/resume from the state dir.
+
+Every node is `python -m swarm_node.cli run` started by `swarm_node.node.local_swarm` (what the demo uses)
+from the peers/*.yaml templates with small overrides, joined through `swarm-node bootstrap`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from swarm_node.node.local_swarm import Peer, child_env, start_bootstrap, stop_process, write_peer_config
+from swarm_node.node.metrics import read_metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test may build the presets
+
+ROOT = Path(__file__).resolve().parents[1]
+PEERS = ROOT / "peers"
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+ROW_KEYS = ("round", "reward_mean", "loss", "local_groups", "external_groups", "filtered", "tokens_per_s", "gen_s",
+            "train_s", "eval_accuracy", "rejected", "bytes_in", "bytes_out", "external_groups_by_peer",
+            "rewards_overridden")
+
+
+@pytest.fixture(scope="session")
+def presets(request, tmp_path_factory):
+    """Built tiny-s / tiny-m shared by every process: $SWARM_NODE_PRESETS, conftest's presets_dir or a session dir."""
+    from swarm_node.models.factory import ensure_preset
+
+    if os.environ.get("SWARM_NODE_PRESETS"):  # an explicit cache (built once, reused across sessions)
+        root = Path(os.environ["SWARM_NODE_PRESETS"])
+    else:
+        try:
+            root = Path(request.getfixturevalue("presets_dir"))
+        except pytest.FixtureLookupError:
+            root = tmp_path_factory.getbasetemp() / "presets"
+    for name in ("tiny-s", "tiny-m"):
+        ensure_preset(name, root)
+    old = os.environ.get("SWARM_NODE_PRESETS")
+    os.environ["SWARM_NODE_PRESETS"] = str(root)  # child processes inherit it through child_env()
+    yield root
+    if old is None:
+        os.environ.pop("SWARM_NODE_PRESETS", None)
+    else:
+        os.environ["SWARM_NODE_PRESETS"] = old
+
+
+def small(swarm_id: str, rounds: int, **extra) -> dict:
+    """Overrides that keep a round to a second or two on 2 cores."""
+    return {"rounds": rounds, "task.prompts_per_round": 4, "task.eval_n": 50, "metrics.eval_every": 2,
+            "checkpoint.every_rounds": 100, "swarm.swarm_id": swarm_id, "swarm.host_maddrs": LOOPBACK,
+            "swarm.heartbeat_s": 1.0, "swarm.record_ttl_s": 8.0, "swarm.collect_deadline_s": 8.0,
+            "swarm.bootstrap_timeout_s": 20.0, **extra}
+
+
+def make_peer(tmp: Path, template: str, name: str, overrides: dict) -> Peer:
+    cfg = write_peer_config(PEERS / f"{template}.yaml", tmp / "configs" / f"{name}.yaml", overrides)
+    return Peer(name=name, config=cfg, state_dir=tmp / name)
+
+
+def log_tail(peer: Peer, n: int = 25) -> str:
+    if peer.log_path is None or not peer.log_path.exists():
+        return f"[{peer.name}: no log]"
+    return f"--- {peer.name} ---\n" + "".join(peer.log_path.read_text().splitlines(keepends=True)[-n:])
+
+
+def wait_all(peers: list[Peer], timeout_s: float) -> dict[str, int | None]:
+    """Exit codes once every process has exited, or None for those still running at the timeout."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and any(p.running() for p in peers):
+        time.sleep(0.5)
+    return {p.name: (None if p.running() else p.proc.returncode) for p in peers}
+
+
+def wait_for_round(peer: Peer, round_: int, timeout_s: float) -> list[dict]:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        rows = read_metrics(peer.metrics) if peer.metrics.exists() else []
+        if rows and rows[-1]["round"] >= round_:
+            return rows
+        assert peer.running(), f"{peer.name} exited early\n{log_tail(peer)}"
+        time.sleep(0.3)
+    raise AssertionError(f"{peer.name} did not reach round {round_} in {timeout_s}s\n{log_tail(peer)}")
+
+
+def peer_id(peer: Peer) -> str:
+    m = re.search(r"peer id (\S+);", peer.log_path.read_text())
+    assert m, log_tail(peer)
+    return m.group(1)
+
+
+def stop_all(peers: list[Peer], boot=None) -> None:
+    for p in peers:
+        if p.proc is not None and p.running():
+            stop_process(p.proc, grace_s=15)
+    if boot is not None:
+        boot.stop()
+
+
+LIAR = textwrap.dedent('''
+    """A peer that publishes real-format groups every round with every claimed reward inverted."""
+    import sys, time
+    import numpy as np
+    from transformers import AutoTokenizer
+    from swarm_node.config import SwarmConfig
+    from swarm_node.generation.base import Sample
+    from swarm_node.models.loading import tokenizer_fingerprint
+    from swarm_node.node.rollouts import LocalRollouts, score
+    from swarm_node.protocol import encode_batch
+    from swarm_node.swarm import PeerInfo, SwarmNode
+    from swarm_node.tasks.arithmetic import ArithmeticTask
+
+    model_dir, maddr, swarm_id, out = sys.argv[1:5]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    task = ArithmeticTask()
+    fp = tokenizer_fingerprint(tok)
+
+    def sample(text):
+        ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        return Sample(np.asarray(ids), np.full(len(ids), -0.7, dtype=np.float32), True)
+
+    def payload(r):
+        prompts = task.train_prompts(4, np.random.default_rng(1000 + r))
+        ids = [tok(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+        samples = [[sample(p.answer), sample(str(int(p.answer) + 1)), sample(p.answer), sample("7")] for p in prompts]
+        rewards = [1.0 - r_ for r_ in score(task, tok, prompts, samples)]  # the lie: wrong=1, right=0
+        batch = LocalRollouts(prompts, ids, samples, rewards).to_batch(
+            swarm_id=swarm_id, task_id=task.task_id, tokenizer_fp=fp, model_name="liar", round_=r,
+            vocab_size=len(tok))
+        return encode_batch(batch)
+
+    cfg = SwarmConfig(enabled=True, swarm_id=swarm_id, initial_peers=[maddr],
+                      host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, record_ttl_s=8.0)
+    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="liar", tokenizer_fp=fp, task_id=task.task_id)).start()
+    open(out, "w").write(node.peer_id + "\\n")
+    published = 0
+    try:
+        while True:  # follow the honest peers' round and publish one lying batch per round
+            rounds = [m.round for m in node.live_peers() if m.peer_id != node.peer_id]
+            r = max(rounds, default=0) + 1
+            if r > published:
+                node.set_round(r)
+                node.publish("batch", r, payload(r))
+                published = r
+            time.sleep(0.3)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        node.close()
+''')
+
+
+@pytest.fixture(scope="module")
+def swarm_run(presets, tmp_path_factory):
+    """Bootstrap + tiny-s, tiny-m, tiny-s LoRA + a lying peer, 5 rounds; yields what the tests inspect."""
+    tmp = tmp_path_factory.mktemp("grpo-swarm")
+    rounds = 5
+    swarm_id = "mp-test"
+    boot = start_bootstrap(tmp / "bootstrap", swarm_id)
+    ov = small(swarm_id, rounds, **{"swarm.max_peers_per_round": 3})
+    peers = [make_peer(tmp, "tiny-s", "tiny-s", ov), make_peer(tmp, "tiny-m", "tiny-m", ov),
+             make_peer(tmp, "tiny-s-lora", "tiny-s-lora", ov)]
+    (tmp / "liar.py").write_text(LIAR)
+    liar_id_file = tmp / "liar.id"
+    liar = subprocess.Popen(
+        [sys.executable, str(tmp / "liar.py"), str(presets / "tiny-s"), boot.maddrs[0], swarm_id, str(liar_id_file)],
+        stdout=open(tmp / "liar.log", "w"), stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
+    t0 = time.monotonic()
+    try:
+        for p in peers:
+            p.start(boot.maddrs)
+        codes = wait_all(peers, timeout_s=240)
+        elapsed = time.monotonic() - t0
+        liar_alive = liar.poll() is None
+        logs = "\n".join(log_tail(p) for p in peers) + "\n--- liar ---\n" + (tmp / "liar.log").read_text()[-3000:]
+        yield {"peers": peers, "codes": codes, "elapsed": elapsed, "rounds": rounds, "logs": logs,
+               "liar_alive": liar_alive, "liar_id": liar_id_file.read_text().strip() if liar_id_file.exists() else "",
+               "ids": {p.name: peer_id(p) for p in peers if p.log_path and p.log_path.exists()}}
+    finally:
+        stop_process(liar, grace_s=10)
+        stop_all(peers, boot)
+
+
+def test_every_node_completes_and_trains_on_both_others(swarm_run):
+    assert all(c == 0 for c in swarm_run["codes"].values()), (swarm_run["codes"], swarm_run["logs"])
+    ids = swarm_run["ids"]
+    for p in swarm_run["peers"]:
+        rows = read_metrics(p.metrics)
+        assert [r["round"] for r in rows] == list(range(swarm_run["rounds"] + 1)), p.name
+        seen: dict[str, int] = {}
+        for r in rows[1:]:
+            for k, v in r["external_groups_by_peer"].items():
+                seen[k] = seen.get(k, 0) + v
+        for other in swarm_run["peers"]:
+            if other is p:
+                continue
+            key = f"{ids[other.name][-8:]}:{other.name}"
+            assert seen.get(key, 0) > 0, (p.name, key, seen, swarm_run["logs"])
+        assert sum(r["external_groups"] for r in rows[1:]) > 0, p.name
+
+
+def test_metrics_rows_are_complete(swarm_run):
+    for p in swarm_run["peers"]:
+        rows = read_metrics(p.metrics)
+        assert rows[0]["round"] == 0 and 0.0 <= rows[0]["eval_accuracy"] <= 1.0 and rows[0]["eval_n"] == 50
+        for r in rows[1:]:
+            missing = [k for k in ROW_KEYS if k not in r]
+            assert not missing, (p.name, r["round"], missing)
+            assert 0.0 <= r["reward_mean"] <= 1.0
+            # every group is trained on or skipped for zero advantage (local: 4 prompts; external: admitted)
+            admitted = sum(r["external_groups_by_peer"].values())
+            assert r["local_groups"] + r["external_groups"] + r["zero_advantage_groups"] == 4 + admitted, r
+            assert r["local_groups"] <= 4 and r["external_groups"] <= admitted
+            assert r["gen_s"] > 0 and r["train_s"] >= 0 and r["tokens_per_s"] > 0
+            assert r["bytes_out"] > 0 and r["bytes_in"] >= 0
+            assert isinstance(r["rejected"], dict)
+            assert r["loss"] is None or isinstance(r["loss"], float)
+            if r["round"] % 2 == 0 or r["round"] == swarm_run["rounds"]:  # eval_every=2, and the last round
+                assert 0.0 <= r["eval_accuracy"] <= 1.0, (p.name, r)
+            else:
+                assert r["eval_accuracy"] is None
+        assert sum(r["bytes_in"] for r in rows[1:]) > 0, p.name
+
+
+def test_lying_peer_is_overridden_not_trusted(swarm_run):
+    assert swarm_run["liar_alive"], swarm_run["logs"]
+    liar_id = swarm_run["liar_id"]
+    assert liar_id, swarm_run["logs"]
+    for p in swarm_run["peers"]:
+        rows = read_metrics(p.metrics)[1:]
+        overridden = sum(r["rewards_overridden"] for r in rows)
+        from_liar = sum(v for r in rows for k, v in r["external_groups_by_peer"].items()
+                        if k == f"{liar_id[-8:]}:liar")
+        assert from_liar > 0, (p.name, [r["external_groups_by_peer"] for r in rows], swarm_run["logs"])
+        # every liar completion carries a flipped claim: 4 completions per group
+        assert overridden >= 4 * from_liar, (p.name, overridden, from_liar)
+        # honest peers' claims agree with the local recomputation
+        honest_groups = sum(r["external_groups"] for r in rows) - from_liar
+        assert honest_groups > 0
+        assert overridden == 4 * from_liar, (p.name, overridden, from_liar)
+
+
+def test_killed_peer_does_not_stall_the_others(presets, tmp_path):
+    swarm_id = "mp-kill"
+    boot = start_bootstrap(tmp_path / "bootstrap", swarm_id)
+    rounds = 5
+    ov = small(swarm_id, rounds, **{"swarm.collect_deadline_s": 5.0, "metrics.eval_every": 100})
+    survivors = [make_peer(tmp_path, "tiny-s", "a", {**ov, "seed": 11}),
+                 make_peer(tmp_path, "tiny-s-lora", "b", {**ov, "seed": 12})]
+    victim = make_peer(tmp_path, "tiny-s", "victim", {**ov, "rounds": 100, "seed": 13})
+    everyone = [*survivors, victim]
+    try:
+        for p in everyone:
+            p.start(boot.maddrs)
+        wait_for_round(victim, 1, timeout_s=120)
+        before = {p.name: read_metrics(p.metrics)[-1]["round"] for p in survivors}
+        os.killpg(victim.proc.pid, signal.SIGKILL)
+        victim.proc.wait(10)
+        t_kill = time.monotonic()
+        codes = wait_all(survivors, timeout_s=150)
+        after_s = time.monotonic() - t_kill
+        logs = "\n".join(log_tail(p) for p in everyone)
+        assert codes == {"a": 0, "b": 0}, (codes, logs)
+        assert victim.proc.returncode == -signal.SIGKILL
+        for p in survivors:
+            rows = read_metrics(p.metrics)
+            assert [r["round"] for r in rows] == list(range(rounds + 1)), p.name
+            assert rows[-1]["round"] > before[p.name]
+        # each remaining round waits at most one collect deadline for the dead peer (plus compute)
+        remaining = max(rounds - r for r in before.values())
+        assert after_s < remaining * (5.0 + 15.0) + 30, (after_s, remaining)
+    finally:
+        stop_all(everyone, boot)
+
+
+def test_sigterm_in_a_swarm_stops_after_the_round(presets, tmp_path):
+    """stop_process (what the demo uses on Ctrl-C) lets a swarm node finish its round and checkpoint quickly.
+
+    The deadline is long on purpose: a node whose network died with the signal would wait it out.
+    """
+    from swarm_node.node.checkpoint import latest_checkpoint
+
+    swarm_id = "mp-term"
+    boot = start_bootstrap(tmp_path / "bootstrap", swarm_id)
+    ov = small(swarm_id, 200, **{"swarm.collect_deadline_s": 40.0, "metrics.eval_every": 1000})
+    peers = [make_peer(tmp_path, "tiny-s", "a", {**ov, "seed": 21}),
+             make_peer(tmp_path, "tiny-s-lora", "b", {**ov, "seed": 22})]
+    try:
+        for p in peers:
+            p.start(boot.maddrs)
+        for p in peers:
+            wait_for_round(p, 3, timeout_s=120)
+        for p in peers:
+            t0 = time.monotonic()
+            assert stop_process(p.proc, grace_s=60) == 0, log_tail(p)
+            took = time.monotonic() - t0
+            assert took < 10, (p.name, took, log_tail(p))
+            last = read_metrics(p.metrics)[-1]["round"]
+            assert latest_checkpoint(p.state_dir).round == last
+            assert "did not shut down within the grace period" not in p.log_path.read_text(), log_tail(p)
+    finally:
+        stop_all(peers, boot)
+
+
+def test_stop_and_resume_from_state_dir(presets, tmp_path):
+    """SIGTERM -> checkpoint at the last finished round; the same state dir resumes round and weights."""
+    import torch
+
+    from swarm_node.config import load_config
+    from swarm_node.node.checkpoint import latest_checkpoint
+    from swarm_node.node.grpo_node import GRPONode
+
+    ov = {"rounds": 50, "task.prompts_per_round": 4, "task.eval_n": 20, "metrics.eval_every": 1000,
+          "checkpoint.every_rounds": 1000, "swarm.enabled": False, "training.lr": 3e-3}
+    peer = make_peer(tmp_path, "tiny-s", "node", ov)
+    peer.start(None)
+    try:
+        wait_for_round(peer, 2, timeout_s=120)
+        os.killpg(peer.proc.pid, signal.SIGTERM)
+        assert peer.proc.wait(60) == 0, log_tail(peer)
+    finally:
+        stop_all([peer])
+    rows = read_metrics(peer.metrics)
+    last = rows[-1]["round"]
+    assert [r["round"] for r in rows] == list(range(last + 1))
+    assert "SIGTERM received: stopping after round" in peer.log_path.read_text()
+    ck = latest_checkpoint(peer.state_dir)
+    assert ck is not None and ck.round == last
+    assert any(r["stepped"] for r in rows[1:]), "no optimizer step happened: the weight comparison means nothing"
+
+    # what a restarted node holds right after resume() is exactly the checkpoint
+    cfg = load_config(peer.config)
+    node = GRPONode(cfg, peer.state_dir)
+    fresh = {n: p.detach().clone() for n, p in node.loaded.model.named_parameters() if p.requires_grad}
+    node.resume()
+    assert node.round == last
+    saved = torch.load(ck.path / "model.pt", weights_only=True)
+    params = dict(node.loaded.model.named_parameters())
+    assert set(saved) == set(fresh)
+    for n, t in saved.items():
+        assert torch.equal(params[n].detach(), t), n
+    assert any(not torch.equal(fresh[n], saved[n]) for n in saved), "training changed no weight"
+    node.close()
+    assert [r["round"] for r in read_metrics(peer.metrics)] == list(range(last + 1))  # resume keeps its rows
+
+    peer.extra_args = ["--set", f"rounds={last + 2}"]
+    peer.start(None)
+    try:
+        assert peer.proc.wait(120) == 0, log_tail(peer)
+    finally:
+        stop_all([peer])
+    rows = read_metrics(peer.metrics)
+    assert [r["round"] for r in rows] == list(range(last + 3)), [r["round"] for r in rows]
+    assert rows[last + 1]["round"] == last + 1 and rows[last + 1]["time"] > rows[last]["time"]
+    assert f"continuing at round {last + 1}" in peer.log_path.read_text()
+    assert latest_checkpoint(peer.state_dir).round == last + 2
+    assert json.loads((latest_checkpoint(peer.state_dir).path / "meta.json").read_text())["model_name"] == "tiny-s"
