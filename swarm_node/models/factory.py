@@ -53,8 +53,8 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "tiny-s": Preset("llama", hidden=64, layers=2, heads=4, kv_heads=4, intermediate=256, lr_full=2e-4, lr_lora=2e-3),
-    "tiny-m": Preset("qwen2", hidden=96, layers=3, heads=4, kv_heads=2, intermediate=384, lr_full=2e-4, lr_lora=2e-3),
+    "tiny-s": Preset("llama", hidden=64, layers=2, heads=4, kv_heads=4, intermediate=256, lr_full=3e-5, lr_lora=3e-4),
+    "tiny-m": Preset("qwen2", hidden=96, layers=3, heads=4, kv_heads=2, intermediate=384, lr_full=3e-5, lr_lora=3e-4),
 }
 
 

@@ -42,7 +42,12 @@ class LoadedModel:
 
     def default_lr(self) -> float:
         """Per-preset learning rate when the config leaves training.lr unset (paper: 1e-6 full, 1e-4 LoRA)."""
+        from swarm_node.models.factory import PRESETS
+
         key = "lr_lora" if self.is_lora else "lr_full"
+        preset = PRESETS.get(str(self.meta.get("preset")))
+        if preset is not None:  # the current table, not the value frozen into an older build
+            return float(getattr(preset, key))
         return float(self.meta.get(key, 1e-4 if self.is_lora else 1e-6))
 
 

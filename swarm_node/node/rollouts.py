@@ -28,13 +28,15 @@ class LocalRollouts:
     samples: list[list[Sample]]
     rewards: list[np.ndarray]
 
-    def train_groups(self) -> list[TrainGroup]:
+    def train_groups(self, source: str = "local") -> list[TrainGroup]:
+        """As training groups; `source` names the generator when these are fed to another node."""
         return [
             TrainGroup(
                 prompt_ids=pids,
                 completions=[s.token_ids for s in ss],
                 behaviour_logprobs=[s.logprobs for s in ss],
                 rewards=r,
+                source=source,
             )
             for pids, ss, r in zip(self.prompt_ids, self.samples, self.rewards, strict=True)
         ]
