@@ -24,7 +24,7 @@ DEFAULT_PEERS = ["tiny-s", "tiny-m", "tiny-s-lora"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="output directory (default: ./demo-out)")
-    p.add_argument("--rounds", type=int, default=40, help="rounds per peer (default: 40)")
+    p.add_argument("--rounds", type=int, default=60, help="rounds per peer (default: 60)")
     p.add_argument("--peers", nargs="+", default=DEFAULT_PEERS,
                    help="peer configs: names of peers/*.yaml or paths (default: tiny-s tiny-m tiny-s-lora)")
     p.add_argument("--task", default="arithmetic", choices=["arithmetic", "gsm8k"], help="task for every peer")
