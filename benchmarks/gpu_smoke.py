@@ -46,14 +46,14 @@ def sample_groups(model, prompts, g, max_new, temperature):
     rng = np.random.default_rng(0)
     groups = [TrainGroup(prompt_ids=p, completions=[s.token_ids for s in ss],
                          behaviour_logprobs=[s.logprobs for s in ss],
-                         rewards=rng.integers(0, 2, size=len(ss)).astype(np.float32)) for p, ss in zip(prompts, out)]
+                         rewards=rng.integers(0, 2, size=len(ss)).astype(np.float32)) for p, ss in zip(prompts, out, strict=True)]
     return groups, tokens, secs
 
 
 def logprob_gap(trainer, groups) -> dict:
     recomputed = trainer.completion_logprobs(groups)
-    diffs = np.concatenate([np.abs(r - b) for grp, rr in zip(groups, recomputed)
-                            for r, b in zip(rr, grp.behaviour_logprobs)])
+    diffs = np.concatenate([np.abs(r - b) for grp, rr in zip(groups, recomputed, strict=True)
+                            for r, b in zip(rr, grp.behaviour_logprobs, strict=True)])
     return {"max_abs": float(diffs.max()), "mean_abs": float(diffs.mean())}
 
 

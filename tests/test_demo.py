@@ -23,20 +23,9 @@ PEERS = ("tiny-s", "tiny-m", "tiny-s-lora")
 
 
 @pytest.fixture(scope="session")
-def demo_presets(request, tmp_path_factory) -> Path:
-    """Built presets: $SWARM_NODE_PRESETS, conftest's presets_dir or a session dir (built once, shared)."""
-    from swarm_node.models.factory import ensure_preset
-
-    if os.environ.get("SWARM_NODE_PRESETS"):  # an explicit cache (built once, reused across sessions)
-        root = Path(os.environ["SWARM_NODE_PRESETS"])
-    else:
-        try:
-            root = Path(request.getfixturevalue("presets_dir"))
-        except pytest.FixtureLookupError:
-            root = tmp_path_factory.getbasetemp() / "presets"
-    for name in ("tiny-s", "tiny-m"):
-        ensure_preset(name, root)
-    return root
+def demo_presets(presets_dir: Path) -> Path:
+    """The session's built presets (conftest), shared with the demo's peer processes."""
+    return presets_dir
 
 
 def _cli(*args: str, presets: Path, timeout: float) -> subprocess.CompletedProcess:

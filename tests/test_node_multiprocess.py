@@ -33,26 +33,9 @@ ROW_KEYS = ("round", "reward_mean", "loss", "local_groups", "external_groups", "
 
 
 @pytest.fixture(scope="session")
-def presets(request, tmp_path_factory):
-    """Built tiny-s / tiny-m shared by every process: $SWARM_NODE_PRESETS, conftest's presets_dir or a session dir."""
-    from swarm_node.models.factory import ensure_preset
-
-    if os.environ.get("SWARM_NODE_PRESETS"):  # an explicit cache (built once, reused across sessions)
-        root = Path(os.environ["SWARM_NODE_PRESETS"])
-    else:
-        try:
-            root = Path(request.getfixturevalue("presets_dir"))
-        except pytest.FixtureLookupError:
-            root = tmp_path_factory.getbasetemp() / "presets"
-    for name in ("tiny-s", "tiny-m"):
-        ensure_preset(name, root)
-    old = os.environ.get("SWARM_NODE_PRESETS")
-    os.environ["SWARM_NODE_PRESETS"] = str(root)  # child processes inherit it through child_env()
-    yield root
-    if old is None:
-        os.environ.pop("SWARM_NODE_PRESETS", None)
-    else:
-        os.environ["SWARM_NODE_PRESETS"] = old
+def presets(presets_dir: Path) -> Path:
+    """The session's built presets (conftest sets $SWARM_NODE_PRESETS, which child processes inherit)."""
+    return presets_dir
 
 
 def small(swarm_id: str, rounds: int, **extra) -> dict:
