@@ -59,6 +59,26 @@ class StopFlag:
         return self.event.is_set()
 
 
+def receive_limits(cfg: NodeConfig) -> DecodeLimits:
+    """Bounds on a peer's batch, sized from our own round so one batch cannot cost more than ~4 of ours.
+
+    A peer's completions may be longer than ours (other settings, other models) but a batch whose decode
+    or training forward would dwarf our own round is refused before it is decoded or trained on.
+    """
+    g = cfg.generation
+    per_completion = 4 * g.max_new_tokens
+    completions = 4 * cfg.task.prompts_per_round * g.num_generations
+    return DecodeLimits(
+        max_compressed_bytes=cfg.swarm.max_batch_bytes,
+        max_groups=4 * cfg.task.prompts_per_round,
+        max_completions_per_group=4 * g.num_generations,
+        max_completions=completions,
+        max_prompt_tokens=8192,
+        max_tokens_per_completion=per_completion,
+        max_total_tokens=completions * per_completion,
+    )
+
+
 class GRPONode:
     """State of one GRPO node between rounds."""
 
@@ -75,7 +95,7 @@ class GRPONode:
         self.metrics = MetricsWriter(self.state_dir, cfg.metrics.prometheus_port)
         self.round = 0
         self.swarm = None
-        self.limits = DecodeLimits(max_compressed_bytes=cfg.swarm.max_batch_bytes)
+        self.limits = receive_limits(cfg)
         self.expect = Expectations(
             swarm_id=cfg.swarm.swarm_id, task_id=self.task.task_id, tokenizer_fp=self.loaded.tokenizer_fp,
             vocab_size=self.loaded.vocab_size, trust_peer_rewards=cfg.swarm.trust_peer_rewards,

@@ -1,0 +1,37 @@
+"""A peer's batch is bounded by the receiving node's own round size before it is decoded."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from swarm_node.config import NodeConfig
+from swarm_node.node.grpo_node import receive_limits
+from swarm_node.protocol import Completion, Group, ProtocolError, RolloutBatch, decode_batch, encode_batch
+
+
+def batch(groups: int, g: int, tokens: int) -> RolloutBatch:
+    rng = np.random.default_rng(0)
+    return RolloutBatch(
+        swarm_id="s", task_id="arithmetic-v1", tokenizer_fp="fp", model_name="m", round=1, vocab_size=99,
+        groups=[Group(prompt_id=f"arith:id:{i}+1", prompt_ids=np.array([20, 14, 20]),
+                      completions=[Completion(rng.integers(3, 99, tokens), -rng.random(tokens).astype(np.float32), 0.0)
+                                   for _ in range(g)]) for i in range(groups)],
+    )
+
+
+def test_limits_follow_own_round_size():
+    cfg = NodeConfig.model_validate({"task": {"prompts_per_round": 8}, "generation": {"num_generations": 4,
+                                                                                   "max_new_tokens": 10}})
+    lim = receive_limits(cfg)
+    decode_batch(encode_batch(batch(32, 4, 40)), lim)  # 4x our prompts, 4x our completion length: passes
+    decode_batch(encode_batch(batch(8, 16, 40)), lim)  # 4x our group size: passes
+    with pytest.raises(ProtocolError) as exc:
+        decode_batch(encode_batch(batch(33, 4, 10)), lim)
+    assert exc.value.reason == "too_many_groups"
+    with pytest.raises(ProtocolError) as exc:
+        decode_batch(encode_batch(batch(2, 4, 41)), lim)
+    assert exc.value.reason == "completion_too_long"
+    with pytest.raises(ProtocolError) as exc:
+        decode_batch(encode_batch(batch(2, 17, 5)), lim)
+    assert exc.value.reason == "too_many_completions"
