@@ -75,7 +75,7 @@ def receive_limits(cfg: NodeConfig) -> DecodeLimits:
         max_completions=completions,
         max_prompt_tokens=8192,
         max_tokens_per_completion=per_completion,
-        max_total_tokens=completions * per_completion,
+        max_total_tokens=completions * per_completion + 4 * cfg.task.prompts_per_round * 512,  # + prompts
     )
 
 
