@@ -262,6 +262,28 @@ class GossipResult:
     consensus_distance: float
 
 
+
+def _decode_received(
+    peers: Sequence[str],
+    received: dict[str, bytes | None],
+    shapes: Sequence[torch.Size | tuple[int, ...]],
+    arch_fp: str,
+    compression: str,
+    rejects: RejectCounter | None,
+    max_bytes: int | None,
+) -> dict[str, list[torch.Tensor]]:
+    """Decode the payloads that arrived from `peers`; a bad one is dropped with a counted reason."""
+    out: dict[str, list[torch.Tensor]] = {}
+    for peer in peers:
+        blob = received.get(peer)
+        if blob is None:
+            continue
+        try:
+            out[peer] = decode_params(blob, shapes, arch_fp, compression, max_bytes)
+        except PayloadError as err:
+            (rejects or RejectCounter()).drop(peer, err)
+    return out
+
 def gossip_step(
     self_id: str,
     own_payload: bytes,
@@ -283,17 +305,9 @@ def gossip_step(
     the membership shows gone, so that rows of nodes that are not its neighbours agree).
     """
     own = decode_params(own_payload, shapes, arch_fp, compression)
-    params: dict[str, list[torch.Tensor]] = {self_id: own}
     idx = {p: i for i, p in enumerate(ids)}
     nbrs = [ids[j] for j in np.flatnonzero(np.asarray(adjacency)[idx[self_id]])]
-    for peer in nbrs:
-        blob = received.get(peer)
-        if blob is None:
-            continue
-        try:
-            params[peer] = decode_params(blob, shapes, arch_fp, compression, max_bytes)
-        except PayloadError as err:
-            (rejects or RejectCounter()).drop(peer, err)
+    params = {self_id: own, **_decode_received(nbrs, received, shapes, arch_fp, compression, rejects, max_bytes)}
     present = [p for p in nbrs if p in params]
     missing = [p for p in nbrs if p not in params]
     weights = live_mixing_row(adjacency, ids, self_id, set(missing) | set(known_missing))
@@ -319,19 +333,10 @@ def federated_step(
     average; if no participant arrived it keeps its own parameters.
     """
     own = decode_params(own_payload, shapes, arch_fp, compression)
-    params: dict[str, list[torch.Tensor]] = {}
-    for peer in participants:
-        if peer == self_id:
-            params[peer] = own
-            continue
-        blob = received.get(peer)
-        if blob is None:
-            continue
-        try:
-            params[peer] = decode_params(blob, shapes, arch_fp, compression, max_bytes)
-        except PayloadError as err:
-            (rejects or RejectCounter()).drop(peer, err)
     others = [p for p in participants if p != self_id]
+    decoded = {**_decode_received(others, received, shapes, arch_fp, compression, rejects, max_bytes), self_id: own}
+    # participants' order, the same on every node: the sum is then bit-identical everywhere
+    params = {p: decoded[p] for p in participants if p in decoded}
     present = [p for p in others if p in params]
     missing = [p for p in others if p not in params]
     if not params:
