@@ -262,4 +262,5 @@ def ensure_preset(name: str, presets_dir: str | Path | None = None, seed: int = 
         say(f"building preset {name} into {target} (once; 20-40 s on 2 CPU cores)")
         build_tiny(name, tmp, seed=seed, progress=say)
         os.replace(tmp, target)
+        say(f"{name} ready in {target}")
     return target
