@@ -96,8 +96,45 @@ def _short(exc: Exception | None) -> str:
     return (text[:300] + "...") if len(text) > 300 else text
 
 
+PARENT_POLL_S = 1.0
+
+
+def _children_of(pid: int) -> list[int]:
+    """Direct children of a process, read from /proc (Linux); [] where /proc is not there."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == str(pid):
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    """In the DHT child: once the node process is gone (even by SIGKILL), stop our p2pd and exit.
+
+    hivemind's child otherwise outlives a killed node, and so does its p2pd daemon, holding ports and CPU.
+    """
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    for child in _children_of(os.getpid()):
+        try:
+            os.kill(child, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    os._exit(0)
+
+
 class _DHT(hivemind.DHT):
-    """hivemind.DHT whose start-up wait kills the child on failure instead of leaving it running."""
+    """hivemind.DHT that exits when its node dies, and whose start-up wait kills the child on failure."""
+
+    def run(self) -> None:
+        import threading
+
+        threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), name="orphan-watch", daemon=True).start()
+        super().run()
 
     def _wait_ready(self, timeout: float) -> _DHT:
         try:
