@@ -18,7 +18,15 @@ from swarm_node.errors import UserFacingError
 NAME = "demo"
 HELP = "run a local swarm of tiny heterogeneous GRPO peers and write a report with plots"
 
-PEERS_DIR = Path(__file__).resolve().parents[2] / "peers"
+
+
+def peers_dir() -> Path:
+    """The example peer configs: the checkout's peers/ (dev, editable install) or the packaged copy (wheel)."""
+    here = Path(__file__).resolve()
+    repo = here.parents[2] / "peers"
+    return repo if repo.is_dir() else here.parents[1] / "peers"  # wheels ship peers/ as swarm_node/peers
+
+
 DEFAULT_PEERS = ["tiny-s", "tiny-m", "tiny-s-lora"]
 
 
@@ -39,10 +47,10 @@ def _resolve_peer(spec: str) -> Path:
     path = Path(spec)
     if path.suffix in (".yaml", ".yml") and path.is_file():
         return path
-    cand = PEERS_DIR / f"{spec}.yaml"
+    cand = peers_dir() / f"{spec}.yaml"
     if cand.is_file():
         return cand
-    known = sorted(p.stem for p in PEERS_DIR.glob("*.yaml") if not p.stem.startswith("dpo"))
+    known = sorted(p.stem for p in peers_dir().glob("*.yaml") if not p.stem.startswith("dpo"))
     raise UserFacingError(f"unknown peer {spec!r}: give a YAML path or one of {known}")
 
 
