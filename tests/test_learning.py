@@ -85,6 +85,21 @@ def test_stop_and_resume_continues_exactly(presets_dir, tmp_path, lora):
     assert rounds == [0, 1, 2, 3, 4, 5]
 
 
+def test_unreadable_newest_checkpoint_falls_back(presets_dir, tmp_path):
+    cfg = make_cfg("tiny-s", rounds=2, **{"checkpoint.every_rounds": 1, "task.eval_n": 20,
+                                          "task.prompts_per_round": 4})
+    assert run_grpo_node(cfg, tmp_path) == 0
+    first = torch.load(tmp_path / "ckpt-00000001" / "model.pt", weights_only=True)
+    (tmp_path / "ckpt-00000002" / "model.pt").write_bytes(b"truncated by a power cut")
+    node = GRPONode(cfg, tmp_path)
+    node.resume()
+    assert node.round == 1
+    now = _params(node.loaded.model)
+    assert all(torch.equal(now[n], t) for n, t in first.items())
+    rounds = [json.loads(ln)["round"] for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rounds == [0, 1]
+
+
 def test_offpolicy_groups_from_tiny_m_with_ftis(presets_dir, tmp_path):
     """tiny-m's samples fed to a tiny-s learner: F-TIS keeps it finite and filters far-off negatives."""
     torch.manual_seed(0)

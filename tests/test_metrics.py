@@ -29,8 +29,12 @@ def test_jsonl_rows_are_strict_json_and_truncate_on_resume(tmp_path):
 def test_prometheus_endpoint_exports_round_values(tmp_path):
     port = free_port()
     w = MetricsWriter(tmp_path, prometheus_port=port)
-    w.write({"round": 7, "reward_mean": 0.25, "rejected": {"protocol:schema": 2}, "stepped": True, "note": "x"})
+    w.write({"round": 6, "reward_mean": 0.5, "rejected": {"protocol:schema": 2},
+             "external_groups_by_peer": {"peer-chosen-name": 3}})
+    w.write({"round": 7, "reward_mean": 0.25, "rejected": {"protocol:schema": 1, "made-up-by-peer": 5},
+             "stepped": True, "note": "x"})
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert "swarm_node_round 7.0" in body
     assert "swarm_node_reward_mean 0.25" in body
-    assert "swarm_node_rejected_protocol_schema 2.0" in body
+    assert "swarm_node_rejected_total_protocol_schema 3.0" in body  # running total, not the last round's
+    assert "peer_chosen_name" not in body and "made_up_by_peer" not in body  # peers cannot add series

@@ -175,3 +175,21 @@ def test_wire_round_trip_preserves_ids_and_logprobs(tok, task, expect):
         for a, b in zip(theirs.behaviour_logprobs, ours.behaviour_logprobs, strict=True):
             assert a.shape == b.shape
             np.testing.assert_allclose(a, b, atol=0.01, rtol=0)
+
+
+def test_repeated_group_counts_once(tok, task, expect):
+    batch = _batch(_local(tok, task), tok, task)
+    batch = dataclasses.replace(batch, groups=batch.groups + [batch.groups[0]] * 5)
+    adm = admit_batch(batch, "p", task, tok, expect)
+    assert len(adm.groups) == 4
+    assert adm.rejected["duplicate_group"] == 5
+
+
+def test_trusted_reward_that_overflows_float32_is_declined(tok, task, expect):
+    batch = _batch(_local(tok, task), tok, task)
+    g0 = batch.groups[0]
+    g0.completions[0] = dataclasses.replace(g0.completions[0], reward=1e300)  # finite in float64 only
+    trusting = dataclasses.replace(expect, trust_peer_rewards=True)
+    adm = admit_batch(batch, "p", task, tok, trusting)
+    assert adm.rejected["reward_out_of_range"] == 1
+    assert len(adm.groups) == 3 and all(np.isfinite(g.rewards).all() for g in adm.groups)

@@ -81,7 +81,7 @@ def _build_presets(templates: list[Path]) -> None:
 
 def _run_arm(arm: str, args: argparse.Namespace, templates: list[Path], out: Path) -> dict[str, int]:
     from swarm_node.node.live import LiveTable
-    from swarm_node.node.local_swarm import Peer, start_bootstrap, stop_process, write_peer_config
+    from swarm_node.node.local_swarm import Peer, start_bootstrap, stop_processes, write_peer_config
 
     swarm = arm == "swarm"
     # loopback only: a local demo should not open ports on every interface of the machine
@@ -114,11 +114,13 @@ def _run_arm(arm: str, args: argparse.Namespace, templates: list[Path], out: Pat
         print("\n[demo] interrupted: stopping peers (they checkpoint first)", flush=True)
         raise
     finally:
-        for p in peers:
-            if p.proc is not None:
-                codes[p.name] = stop_process(p.proc) if p.running() else p.proc.returncode
-        if boot:
-            boot.stop()
+        started = [p for p in peers if p.proc is not None]
+        try:
+            for p, code in zip(started, stop_processes([p.proc for p in started]), strict=True):
+                codes[p.name] = code
+        finally:
+            if boot:
+                boot.stop()
     for name, code in codes.items():
         if code != 0:
             log = out / arm / name / "node.log"

@@ -51,14 +51,35 @@ def save_checkpoint(
     torch.save({"torch_rng": torch.get_rng_state()}, tmp / "rng.pt")
     meta = {"round": round_, "config_fingerprint": config_fp, **extra}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    with open(tmp / "meta.json", "rb") as fh:
-        os.fsync(fh.fileno())
-    if final.exists():
-        shutil.rmtree(final)
+    for f in tmp.iterdir():  # everything on disk before the rename makes it visible
+        _fsync(f)
+    _fsync(tmp)
+    old = None
+    if final.exists():  # never delete the good copy before the new one is in place
+        old = state_dir / f".old-{PREFIX}{round_:08d}-{os.getpid()}"
+        os.replace(final, old)
     os.replace(tmp, final)
-    for old in list_checkpoints(state_dir)[:-keep]:
-        shutil.rmtree(old.path, ignore_errors=True)
+    _fsync(state_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in list_checkpoints(state_dir)[:-keep]:
+        shutil.rmtree(stale.path, ignore_errors=True)
     return final
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_partial(state_dir: Path) -> None:
+    """Delete temporary directories that a crash mid-save left behind (each may hold a full model)."""
+    for p in Path(state_dir).glob(f".*-{PREFIX}*"):
+        if p.is_dir() and (p.name.startswith(".tmp-") or p.name.startswith(".old-")):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def list_checkpoints(state_dir: Path) -> list[Checkpoint]:
@@ -66,8 +87,11 @@ def list_checkpoints(state_dir: Path) -> list[Checkpoint]:
     for p in Path(state_dir).glob(f"{PREFIX}*"):
         meta_file = p / "meta.json"
         if p.is_dir() and meta_file.is_file():
-            meta = json.loads(meta_file.read_text())
-            out.append(Checkpoint(round=int(meta["round"]), path=p, meta=meta))
+            try:
+                meta = json.loads(meta_file.read_text())
+                out.append(Checkpoint(round=int(meta["round"]), path=p, meta=meta))
+            except (ValueError, KeyError, TypeError, OSError):
+                continue  # unreadable: not a checkpoint we can resume from
     return sorted(out, key=lambda c: c.round)
 
 

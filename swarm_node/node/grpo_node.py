@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from swarm_node.config import NodeConfig
+from swarm_node.errors import UserFacingError
 from swarm_node.generation import make_generator
 from swarm_node.models.loading import LoadedModel, load_model
-from swarm_node.node.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from swarm_node.node.checkpoint import list_checkpoints, load_checkpoint, remove_partial, save_checkpoint
 from swarm_node.node.evaluation import evaluate
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
@@ -94,6 +95,7 @@ class GRPONode:
                                    lr_default=self.loaded.default_lr())
         self.metrics = MetricsWriter(self.state_dir, cfg.metrics.prometheus_port)
         self.round = 0
+        self.saved_round = 0  # round 0 = the model as loaded; never worth a checkpoint
         self.swarm = None
         self.limits = receive_limits(cfg)
         self.expect = Expectations(
@@ -107,17 +109,29 @@ class GRPONode:
     # ---- lifecycle ---------------------------------------------------------------------------------
 
     def resume(self) -> None:
-        ck = latest_checkpoint(self.state_dir)
-        if ck is None:
+        """Continue from the newest readable checkpoint (an unreadable one falls back to the one before)."""
+        remove_partial(self.state_dir)
+        for ck in reversed(list_checkpoints(self.state_dir)):
+            try:
+                opt_state, meta = load_checkpoint(ck, self.loaded.model, self.cfg.fingerprint())
+                self.trainer.load_state_dict(opt_state)
+            except UserFacingError:
+                raise
+            except Exception as exc:  # truncated file after a crash or power loss
+                log.warning("checkpoint %s is unreadable (%s); trying the one before", ck.path, exc)
+                continue
+            self.round = int(meta["round"])
+            self.saved_round = self.round
+            self.metrics.truncate_after(self.round)
+            self.generator.sync_weights(self.loaded.model)  # built before the weights were restored
+            log.info("resumed from %s: continuing at round %d", ck.path, self.round + 1)
             return
-        opt_state, meta = load_checkpoint(ck, self.loaded.model, self.cfg.fingerprint())
-        self.trainer.load_state_dict(opt_state)
-        self.round = int(meta["round"])
-        self.metrics.truncate_after(self.round)
-        self.generator.sync_weights(self.loaded.model)  # the generator was built before the weights were restored
-        log.info("resumed from %s: continuing at round %d", ck.path, self.round + 1)
+        self.metrics.truncate_after(-1)  # nothing to resume: rows of an unsaved earlier run are void
 
     def checkpoint(self) -> None:
+        if self.saved_round == self.round:  # nothing new since the last save
+            return
+        self.saved_round = self.round
         save_checkpoint(self.state_dir, self.round, self.loaded.model, self.trainer.state_dict(),
                         {"model_name": self.loaded.name, "is_lora": self.loaded.is_lora},
                         self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
@@ -195,6 +209,9 @@ class GRPONode:
                 rejected[f"protocol:{exc.reason}"] += 1
                 log.warning("rejected batch from %s: %s", rec.peer_id, exc)
                 continue
+            if decoded.round != rec.round:  # the payload must be what the signed announcement said
+                rejected["round_mismatch"] += 1
+                continue
             if decoded.round < round_ - sw.staleness_rounds:
                 rejected["stale"] += 1
                 continue
@@ -219,7 +236,17 @@ class GRPONode:
         gen_s = time.perf_counter() - t0
         external, swarm_info = self.exchange(local, r)
         t1 = time.perf_counter()
-        res = self.trainer.step(local.train_groups() + external)
+        try:
+            res = self.trainer.step(local.train_groups() + external)
+        except torch.OutOfMemoryError:
+            # peers' completions may be longer than ours: retry the round on our own samples only
+            log.warning("out of memory training on %d external groups; retrying with local groups only",
+                        len(external))
+            self.trainer.optimizer.zero_grad(set_to_none=True)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            swarm_info["rejected"]["oom_external"] = len(external)
+            res = self.trainer.step(local.train_groups())
         if res.stepped:
             self.generator.sync_weights(self.loaded.model)
         train_s = time.perf_counter() - t1
@@ -272,9 +299,9 @@ def run_grpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> 
     node.resume()
     progress = RoundProgress(name=node.loaded.name, total=cfg.rounds)
     try:
-        if cfg.swarm.enabled:
+        if cfg.swarm.enabled and not stop:
             node.join_swarm()
-        if node.round == 0:
+        if node.round == 0 and not stop:
             ev = node.evaluate()
             node.metrics.write({"round": 0, "reward_mean": None, "loss": None, "local_groups": 0,
                                 "external_groups": 0, "filtered": 0, "tokens_per_s": None, "gen_s": 0.0,

@@ -111,25 +111,39 @@ def write_peer_config(template: Path, out: Path, overrides: dict) -> Path:
 
 
 def stop_process(proc: subprocess.Popen, grace_s: float = 30.0) -> int | None:
-    """SIGTERM to the node itself (it finishes the round, checkpoints, leaves), SIGKILL to its group if it hangs.
+    """SIGTERM to the node itself (it finishes the round, checkpoints, leaves), SIGKILL to its group if it hangs."""
+    return stop_processes([proc], grace_s)[0]
+
+
+def stop_processes(procs: list[subprocess.Popen], grace_s: float = 30.0) -> list[int | None]:
+    """Stop several nodes at once: one SIGTERM each, one shared grace period, then SIGKILL what is left.
 
     Only the main process gets SIGTERM: signalling the whole group would also stop the node's DHT child
     and p2p daemon at once, so the round in progress would lose its network and wait out the collect
-    deadline before the node could checkpoint. Leftovers of the group are killed once the node is gone.
+    deadline before the node could checkpoint. Leftovers of each group are killed once its node is gone,
+    also when the caller is interrupted while waiting.
     """
-    if proc.poll() is not None:  # reaped earlier: its pid may belong to someone else by now, signal nothing
-        return proc.returncode
+    live = [p for p in procs if p.poll() is None]  # reaped earlier: its pid may be reused, signal nothing
     try:
-        proc.send_signal(signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        code = proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
-        code = proc.wait(10)
-    _kill_group(proc.pid)
-    return code
+        for p in live:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + grace_s
+        for p in live:
+            try:
+                p.wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _kill_group(p.pid)
+                p.wait(10)
+    finally:
+        for p in live:
+            if p.poll() is None:
+                _kill_group(p.pid)
+                p.wait(10)
+            _kill_group(p.pid)
+    return [p.returncode for p in procs]
 
 
 def _kill_group(pgid: int) -> None:

@@ -68,6 +68,9 @@ def score(task: Task, tokenizer: Any, prompts: list[Prompt], samples: list[list[
     ]
 
 
+MAX_TRUSTED_REWARD = 1e6  # claimed rewards beyond this would only poison the group's advantages
+
+
 @dataclass
 class Expectations:
     """What a peer's batch must match for this node to train on it."""
@@ -101,7 +104,12 @@ def admit_batch(batch: RolloutBatch, source: str, task: Task, tokenizer: Any, ex
     if batch.vocab_size > expect.vocab_size:
         out.rejected["vocab_mismatch"] += 1
         return out
+    seen: set[str] = set()
     for g in batch.groups:
+        if g.prompt_id in seen:  # one group per prompt: a repeated group would buy its sender extra weight
+            out.rejected["duplicate_group"] += 1
+            continue
+        seen.add(g.prompt_id)
         prompt = task.prompt_from_id(g.prompt_id)
         if prompt is None:
             out.rejected["unknown_prompt"] += 1
@@ -115,6 +123,9 @@ def admit_batch(batch: RolloutBatch, source: str, task: Task, tokenizer: Any, ex
             continue
         claimed = np.array([c.reward for c in g.completions], dtype=np.float32)
         if expect.trust_peer_rewards:
+            if not np.all(np.isfinite(claimed)) or np.any(np.abs(claimed) > MAX_TRUSTED_REWARD):
+                out.rejected["reward_out_of_range"] += 1  # e.g. 1e300: finite in float64, inf in float32
+                continue
             rewards = claimed
         else:
             rewards = np.array(
