@@ -246,7 +246,7 @@ def test_killed_peer_does_not_stall_the_others(presets, tmp_path):
         for p in everyone:
             p.start(boot.maddrs)
         wait_for_round(victim, 1, timeout_s=120)
-        before = {p.name: read_metrics(p.metrics)[-1]["round"] for p in survivors}
+        before = {p.name: wait_for_round(p, 0, timeout_s=120)[-1]["round"] for p in survivors}  # all running
         os.killpg(victim.proc.pid, signal.SIGKILL)
         victim.proc.wait(10)
         t_kill = time.monotonic()

@@ -25,6 +25,7 @@ from swarm_node.swarm.dht import ensure_identity, kill_dht, start_dht
 from swarm_node.swarm.transfer import HANDLER, TransferError, download, make_handler, with_deadline
 
 POLL_S = 0.5
+FETCH_ATTEMPTS = 3  # a stream dropped mid-transfer is retried (each failure is still counted)
 DHT_CALL_TIMEOUT_S = 10.0
 
 
@@ -315,11 +316,17 @@ class SwarmNode:
     async def _fetch(self, kind: str, peer_id: str, round_: int, deadline_s: float) -> bytes | None:
         loop = asyncio.get_running_loop()
         end = time.monotonic() + deadline_s
+        attempts = 0
         while time.monotonic() < end:
             ann = (await loop.run_in_executor(None, self._read_announcements, kind)).get(peer_id)
             entry = ann.entry(round_) if ann else None
             if entry is not None:
-                return await self._download(kind, peer_id, entry, end - time.monotonic())
+                attempts += 1
+                payload = await self._download(kind, peer_id, entry, end - time.monotonic())
+                if payload is not None or attempts >= FETCH_ATTEMPTS:
+                    return payload
+                await asyncio.sleep(min(0.2, max(end - time.monotonic(), 0.0)))  # a dropped stream: try again
+                continue
             if ann is not None and ann.latest is not None and ann.latest.round > round_ and len(ann.blobs) >= self._keep:
                 return None  # that round is no longer kept by the peer
             await asyncio.sleep(min(POLL_S, max(end - time.monotonic(), 0.0)))
