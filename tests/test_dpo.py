@@ -341,6 +341,47 @@ def test_run_dpo_node_alone_writes_metrics(tok, tmp_path) -> None:
     assert rows[1]["heldout_pref_acc"] is None and rows[2]["heldout_pref_acc"] is not None  # eval_every=2, last
 
 
+@pytest.mark.parametrize("when", ["during_round", "after_evaluation"])
+def test_sigterm_at_any_point_ends_on_an_evaluated_round(tok, tmp_path, monkeypatch, when: str) -> None:
+    """SIGTERM in the middle of round 1, or after round 1 was evaluated: exit 0, and the last row is evaluated.
+
+    The second case is the race a live node hit: a signal after the evaluate decision but before the loop
+    looked at the flag ended the run on a row with no held-out accuracy.
+    """
+    import os
+    import signal
+
+    from swarm_node.config import load_config
+    from swarm_node.node import dpo_node
+    from swarm_node.node.metrics import MetricsWriter
+
+    model_dir = tmp_path / "model"
+    tiny_model(tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    cfg = load_config(None, ["mode=dpo", f"model.path={model_dir}", "dpo.pairs_per_user=16",
+                             "dpo.heldout_pairs=16", "metrics.eval_every=100"])
+    assert cfg.rounds is None  # only the signal ends this run
+    hook_round = dpo_node._Node.round if when == "during_round" else MetricsWriter.write
+
+    def signalling(self, *args, **kwargs):
+        if when == "during_round" and args[0] == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        out = hook_round(self, *args, **kwargs)
+        if when == "after_evaluation" and args[0]["round"] == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(dpo_node._Node if when == "during_round" else MetricsWriter,
+                        "round" if when == "during_round" else "write", signalling)
+    handler_before = signal.getsignal(signal.SIGTERM)
+    assert dpo_node.run_dpo_node(cfg, tmp_path / "state", log_level="warning") == 0
+    assert signal.getsignal(signal.SIGTERM) is handler_before  # the caller's handler is back
+    rows = [json.loads(line) for line in (tmp_path / "state" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == ([0, 1] if when == "during_round" else [0, 1, 2])
+    assert rows[-1]["heldout_pref_acc"] is not None
+    assert all(r["heldout_pref_acc"] is None for r in rows[1:-1])
+
+
 def test_bf16_parameters_are_cast_before_compressing(tok) -> None:
     model = tiny_model(tok).to(torch.bfloat16)
     fp = A.arch_fingerprint(model)

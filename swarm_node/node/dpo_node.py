@@ -10,8 +10,6 @@ when participants_per_round is set); see docs/dpo.md.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +26,7 @@ from swarm_node.errors import UserFacingError
 from swarm_node.node import averaging as A
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
+from swarm_node.node.stopping import StopFlag
 from swarm_node.tasks.preferences import node_preferences
 from swarm_node.training.dpo import DPOTrainer, HeldOut
 
@@ -42,23 +41,6 @@ def _default_lr(cfg: NodeConfig, loaded: Any) -> float:
     if loaded.meta.get("preset") or cfg.model.path.startswith("tiny-"):
         return 3e-3
     return 1e-4 if loaded.is_lora else 1e-6
-
-
-def _stop_flag() -> tuple[threading.Event, dict]:
-    """SIGINT/SIGTERM set the flag: the loop finishes its round, leaves the swarm and exits 0.
-
-    Returns the flag and the previous handlers (restored on exit, so an embedding process keeps its own).
-    """
-    stop = threading.Event()
-    previous: dict = {}
-    if threading.current_thread() is threading.main_thread():
-        def handler(signum: int, _frame: Any) -> None:
-            log.info("signal %d: finishing this round, then leaving", signum)
-            stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, handler)
-    return stop, previous
 
 
 class _Exchange:
@@ -81,10 +63,10 @@ class _Exchange:
         ids = {m.peer_id for m in self.swarm.live_peers() if m.mode == "dpo" and m.arch_fp == self.arch_fp}
         return sorted(ids | {self.self_id})
 
-    def wait_for_peers(self, stop: threading.Event) -> list[str]:
+    def wait_for_peers(self, stop: StopFlag) -> list[str]:
         end = time.monotonic() + self.cfg.dpo.join_wait_s
         ids = self.peers()
-        while len(ids) < self.cfg.dpo.min_peers and time.monotonic() < end and not stop.is_set():
+        while len(ids) < self.cfg.dpo.min_peers and time.monotonic() < end and not stop:
             time.sleep(0.5)
             ids = self.peers()
         log.info("%d DPO peer(s) with our architecture (min_peers %d)", len(ids), self.cfg.dpo.min_peers)
@@ -324,27 +306,35 @@ def run_dpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> i
     """Run DPO rounds until cfg.rounds or a signal; one JSON line per round in state_dir/metrics.jsonl."""
     setup_logging(log_level)
     node = _build(cfg)
-    stop, previous_handlers = _stop_flag()
+    stop = StopFlag().install()
     r, neighbours = 0, []
     try:
         node.ex.wait_for_peers(stop)
         metrics = MetricsWriter(Path(state_dir), cfg.metrics.prometheus_port, node_name=node.ex.self_id)
         metrics.truncate_after(-1)  # DPO mode has no resume: a run starts at round 0
-        while not stop.is_set() and (cfg.rounds is None or r < cfg.rounds):
-            last = cfg.rounds is not None and r == cfg.rounds - 1
-            due = r % cfg.metrics.eval_every == 0 or last
-            row, res = node.round(r, evaluate=lambda due=due: due or stop.is_set())
+        # The stop decision is taken once per round, when the round is evaluated: a signal that lands after
+        # that point is seen by the next round, which then runs to its end and is evaluated. So the last
+        # logged row always carries a held-out evaluation, whenever the signal arrives.
+        stopping = bool(stop)
+        while not stopping and (cfg.rounds is None or r < cfg.rounds):
+            due = r % cfg.metrics.eval_every == 0 or r == (cfg.rounds or 0) - 1
+            decided: dict[str, bool] = {}
+
+            def evaluate(due: bool = due, decided: dict = decided) -> bool:
+                decided["stop"] = bool(stop)
+                return due or decided["stop"]
+
+            row, res = node.round(r, evaluate=evaluate)
             metrics.write(row)
             log.info("round %d: loss %.4f held-out acc %s consensus %.4f neighbours %d missing %d", r,
                      row["dpo_loss"], row["heldout_pref_acc"], row["consensus_distance"], len(res.present),
                      len(res.missing))
-            r, neighbours = r + 1, res.present
+            r, neighbours, stopping = r + 1, res.present, decided["stop"]
         node.ex.linger(r, neighbours)
     finally:
         if node.allreduce is not None:
             node.allreduce.close()
         node.ex.close()
-        for sig, h in previous_handlers.items():
-            signal.signal(sig, h)
+        stop.restore()
     log.info("DPO node stopped after %d rounds", r)
     return 0

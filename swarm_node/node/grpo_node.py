@@ -8,12 +8,9 @@ the same loop trains alone on-policy.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +26,7 @@ from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress
 from swarm_node.node.rollouts import Expectations, LocalRollouts, admit_batch, score
+from swarm_node.node.stopping import StopFlag
 from swarm_node.protocol import DecodeLimits, ProtocolError, decode_batch, encode_batch
 from swarm_node.tasks import get_task
 from swarm_node.tasks.base import Task
@@ -36,28 +34,6 @@ from swarm_node.training.groups import TrainGroup
 from swarm_node.training.grpo_step import GRPOTrainer
 
 log = logging.getLogger("swarm_node.node")
-
-
-@dataclass
-class StopFlag:
-    """Set by SIGINT/SIGTERM: the current round finishes, then the node checkpoints and leaves."""
-
-    event: threading.Event = field(default_factory=threading.Event)
-    signal_name: str = ""
-
-    def install(self) -> None:
-        def handler(signum, frame):
-            self.signal_name = signal.Signals(signum).name
-            if self.event.is_set():  # a second signal: stop now
-                raise KeyboardInterrupt
-            self.event.set()
-
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, handler)
-            signal.signal(signal.SIGTERM, handler)
-
-    def __bool__(self) -> bool:
-        return self.event.is_set()
 
 
 def receive_limits(cfg: NodeConfig) -> DecodeLimits:
@@ -320,4 +296,5 @@ def run_grpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> 
     finally:
         progress.close()
         node.close()
+        stop.restore()
     return 0
