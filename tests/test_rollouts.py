@@ -185,6 +185,17 @@ def test_repeated_group_counts_once(tok, task, expect):
     assert adm.rejected["duplicate_group"] == 5
 
 
+def test_a_prompt_drawn_twice_is_shared_once(tok, task, expect):
+    """An honest node whose task repeated a prompt this round does not publish a group its peers decline."""
+    local = _local(tok, task)
+    twice = LocalRollouts(local.prompts + local.prompts[:1], local.prompt_ids + local.prompt_ids[:1],
+                          local.samples + local.samples[:1], local.rewards + local.rewards[:1])
+    batch = _batch(twice, tok, task)
+    assert [g.prompt_id for g in batch.groups] == [p.id for p in local.prompts]
+    adm = admit_batch(batch, "p", task, tok, expect)
+    assert len(adm.groups) == 4 and not adm.rejected
+
+
 def test_trusted_reward_that_overflows_float32_is_declined(tok, task, expect):
     batch = _batch(_local(tok, task), tok, task)
     g0 = batch.groups[0]

@@ -83,6 +83,16 @@ def test_arith_eval_deterministic() -> None:
         a.eval_prompts("nope", 3)
 
 
+def test_arith_round_prompts_are_distinct(arith: ArithmeticTask) -> None:
+    """A round's prompts are keyed by id on the wire, so one draw never repeats a problem (i.i.d. draws would:
+    64 of 18,000 repeat with probability ~10%)."""
+    for seed in range(200):
+        ids = [p.id for p in arith.train_prompts(64, np.random.default_rng(seed))]
+        assert len(set(ids)) == 64, seed
+    assert len({p.id for p in arith.train_prompts(18_000, np.random.default_rng(0))}) == 18_000
+    assert len(arith.train_prompts(18_010, np.random.default_rng(0))) == 18_010  # past the pool: repeats allowed
+
+
 def test_arith_train_reproducible(arith: ArithmeticTask) -> None:
     assert arith.train_prompts(30, np.random.default_rng(7)) == arith.train_prompts(
         30, np.random.default_rng(7)

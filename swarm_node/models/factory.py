@@ -170,7 +170,7 @@ def build_tiny(
         model = build_model(preset, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
         task = ArithmeticTask(seed=seed)
         eval_prompts = task.eval_prompts("id", 200)
-        val_prompts = task.train_prompts(200, np.random.default_rng(seed + 10_000))
+        val_prompts = task.iid_prompts(200, np.random.default_rng(seed + 10_000))
         steps, val_acc, loss_val = 0, 0.0, float("nan")
         budget = preset.warmup_max_steps if max_steps is None else min(max_steps, preset.warmup_max_steps)
         if warmup and budget > 0:

@@ -49,14 +49,18 @@ class LocalRollouts:
 
     def to_batch(self, *, swarm_id: str, task_id: str, tokenizer_fp: str, model_name: str, round_: int,
                  vocab_size: int) -> RolloutBatch:
-        groups = [
-            Group(
+        # One group per prompt id on the wire: peers decline a repeat (`duplicate_group`), so a task that
+        # drew the same prompt twice this round shares only the first group (and still trains on both).
+        groups, seen = [], set()
+        for p, pids, ss, rs in zip(self.prompts, self.prompt_ids, self.samples, self.rewards, strict=True):
+            if p.id in seen:
+                continue
+            seen.add(p.id)
+            groups.append(Group(
                 prompt_id=p.id,
                 prompt_ids=np.asarray(pids, dtype=np.int64),
                 completions=[Completion(s.token_ids, s.logprobs, float(r)) for s, r in zip(ss, rs, strict=True)],
-            )
-            for p, pids, ss, rs in zip(self.prompts, self.prompt_ids, self.samples, self.rewards, strict=True)
-        ]
+            ))
         return RolloutBatch(swarm_id=swarm_id, task_id=task_id, tokenizer_fp=tokenizer_fp, model_name=model_name,
                             round=round_, vocab_size=vocab_size, groups=groups)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from functools import cached_property
+from functools import cache, cached_property
 
 import numpy as np
 
@@ -46,6 +46,12 @@ def _is_held_out(a: int, op: str, b: int) -> bool:
     return _hash_int(f"{a}{op}{b}") % EVAL_MODULUS == 0
 
 
+@cache
+def _num_train_problems() -> int:
+    lo, hi = ID_RANGE
+    return sum(not _is_held_out(a, op, b) for a in range(lo, hi + 1) for op in OPS for b in range(lo, hi + 1))
+
+
 def _make(split: str, a: int, op: str, b: int) -> Prompt:
     return Prompt(id=f"arith:{split}:{a}{op}{b}", text=f"{a}{op}{b}=", answer=str(_solve(a, op, b)))
 
@@ -60,22 +66,39 @@ class ArithmeticTask(Task):
         self.seed = seed  # default stream for sft_examples when no rng is given
 
     # --- training -------------------------------------------------------------------------------
-    def _sample_train(self, rng: np.random.Generator) -> tuple[int, str, int]:
+    def _sample_train(self, rng: np.random.Generator, taken: set | None = None) -> tuple[int, str, int]:
         lo, hi = ID_RANGE
-        while True:  # rejection: ~10% of draws hit a held-out problem
+        while True:  # rejection: ~10% of draws hit a held-out problem, a few more repeat one already taken
             a, b = (int(x) for x in rng.integers(lo, hi + 1, size=2))
             op = OPS[int(rng.integers(0, len(OPS)))]
-            if not _is_held_out(a, op, b):
+            if not _is_held_out(a, op, b) and (taken is None or (a, op, b) not in taken):
                 return a, op, b
 
     def train_prompts(self, n: int, rng: np.random.Generator) -> list[Prompt]:
-        """n prompts drawn uniformly from the in-distribution problems that are not held out."""
-        return [_make("id", *self._sample_train(rng)) for _ in range(n)]
+        """n distinct prompts drawn uniformly from the in-distribution problems that are not held out.
+
+        Distinct because a round's groups are keyed by prompt id on the wire (peers decline a repeat).
+        Past the ~18,000 training problems, repeats are allowed.
+        """
+        taken: set = set()
+        out = []
+        for _ in range(n):
+            problem = self._sample_train(rng, taken if len(taken) < _num_train_problems() else None)
+            taken.add(problem)
+            out.append(_make("id", *problem))
+        return out
 
     def sft_examples(self, n: int, rng: np.random.Generator | None = None) -> list[tuple[str, str]]:
         """(prompt text, target) pairs for supervised warm-up; the caller appends EOS to the target."""
         rng = rng if rng is not None else np.random.default_rng(self.seed)
-        return [(p.text, p.answer) for p in self.train_prompts(n, rng)]
+        return [(p.text, p.answer) for p in self.iid_prompts(n, rng)]
+
+    def iid_prompts(self, n: int, rng: np.random.Generator) -> list[Prompt]:
+        """n training prompts drawn i.i.d. (repeats possible): the warm-up's data and validation set.
+
+        The tiny presets are built from this stream; changing it changes their weights (bump FACTORY_VERSION).
+        """
+        return [_make("id", *self._sample_train(rng)) for _ in range(n)]
 
     # --- evaluation -----------------------------------------------------------------------------
     @cached_property
