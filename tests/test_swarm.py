@@ -205,6 +205,34 @@ def test_refusals_and_recovery_after_sigkill(pair):
     print(f"\nrecovery after SIGKILL: {recovery_s:.1f}s")
 
 
+@pytest.mark.slow
+def test_collect_retries_a_dropped_stream(tmp_path):
+    """A peer whose stream closes before replying (twice) is tried again within the deadline."""
+    a = SwarmNode(_cfg(), INFO)
+    real, drops = a._lookup, {"left": 2}
+
+    def dropping(kind: str, round_: int):
+        if drops["left"] > 0:
+            drops["left"] -= 1
+            raise ConnectionResetError  # the serving side closes the stream without a reply
+        return real(kind, round_)
+
+    a._lookup = dropping  # the stream handler is bound at start()
+    a.start()
+    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs()), INFO).start()
+    try:
+        with pytest.raises(RuntimeError, match="twice"):
+            a.start()  # a second start would leak a whole DHT and event loop
+        payload = os.urandom(50_000)
+        a.publish("batch", 0, payload)
+        got = b.collect("batch", 0, k=1, staleness=0, deadline_s=15)
+        assert [r.payload for r in got] == [payload]
+        assert drops["left"] == 0 and b.stats()["rejected"] == {"stream_error": 2}  # each drop still counted
+    finally:
+        b.close()
+        a.close()
+
+
 # ---- a real multi-process swarm through the CLI bootstrap ----
 
 NODE_SCRIPT = r"""

@@ -13,7 +13,7 @@ import logging
 import random
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,7 +25,8 @@ from swarm_node.swarm.dht import ensure_identity, kill_dht, start_dht
 from swarm_node.swarm.transfer import HANDLER, TransferError, download, make_handler, with_deadline
 
 POLL_S = 0.5
-FETCH_ATTEMPTS = 3  # a stream dropped mid-transfer is retried (each failure is still counted)
+FETCH_ATTEMPTS = 3  # a dropped stream is retried within the deadline (each failure is still counted)
+RETRIABLE = frozenset({"stream_error"})  # refusals worth another try; a bad digest or size is not
 DHT_CALL_TIMEOUT_S = 10.0
 
 
@@ -81,7 +82,9 @@ class SwarmNode:
     # ---- lifecycle ----
 
     def start(self) -> SwarmNode:
-        """Join (retrying; UserFacingError if unreachable), serve blobs, start heartbeats."""
+        """Join (retrying; UserFacingError if unreachable), serve blobs, start heartbeats. Once per node."""
+        if self._loop is not None or self._closed:
+            raise RuntimeError("SwarmNode.start() called twice (a node starts once; `with node:` starts it)")
         self._identity, self._tmp_identity, created = ensure_identity(self.cfg.identity_path)
         key = R.load_identity_key(self._identity)
         self._subkey = R.subkey_for(key)
@@ -130,7 +133,7 @@ class SwarmNode:
             self._tmp_identity = None
 
     def __enter__(self) -> SwarmNode:
-        return self.start()
+        return self if self._loop is not None else self.start()
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -254,6 +257,7 @@ class SwarmNode:
         results: list[Received] = []
         running: dict[asyncio.Task, tuple[str, R.BlobEntry, R.MemberRecord | None]] = {}
         tried: set[str] = set()
+        attempts: Counter[str] = Counter()
         failed = 0
         want = k
         self._consumed = {c for c in self._consumed if c[2] >= round_ - staleness - 1}  # bounded memory
@@ -280,6 +284,7 @@ class SwarmNode:
                 random.shuffle(fresh)
                 for pid, entry, member in fresh[: max(k - len(results) - len(running), 0)]:
                     tried.add(pid)
+                    attempts[pid] += 1
                     task = asyncio.ensure_future(self._download(kind, pid, entry, end - time.monotonic()))
                     running[task] = (pid, entry, member)
                 if not running and len(results) >= want:
@@ -292,12 +297,15 @@ class SwarmNode:
                     await asyncio.sleep(wait)
                 for task in done:
                     pid, entry, member = running.pop(task)
-                    self._consumed.add((kind, pid, entry.round))
-                    payload = task.result()
-                    if payload is None:
-                        failed += 1
-                    else:
+                    payload, reason = task.result()
+                    if payload is not None:
+                        self._consumed.add((kind, pid, entry.round))
                         results.append(Received(pid, entry.round, payload, member))
+                    elif reason in RETRIABLE and attempts[pid] < FETCH_ATTEMPTS:
+                        tried.discard(pid)  # picked again at the next poll, while the deadline allows
+                    else:
+                        self._consumed.add((kind, pid, entry.round))
+                        failed += 1
         finally:
             for task, (pid, entry, _m) in running.items():
                 task.cancel()
@@ -322,8 +330,8 @@ class SwarmNode:
             entry = ann.entry(round_) if ann else None
             if entry is not None:
                 attempts += 1
-                payload = await self._download(kind, peer_id, entry, end - time.monotonic())
-                if payload is not None or attempts >= FETCH_ATTEMPTS:
+                payload, reason = await self._download(kind, peer_id, entry, end - time.monotonic())
+                if payload is not None or reason not in RETRIABLE or attempts >= FETCH_ATTEMPTS:
                     return payload
                 await asyncio.sleep(min(0.2, max(end - time.monotonic(), 0.0)))  # a dropped stream: try again
                 continue
@@ -333,15 +341,16 @@ class SwarmNode:
         self._reject("timeout", peer_id, f"{kind} round {round_} not announced within {deadline_s:.1f}s")
         return None
 
-    async def _download(self, kind: str, peer_id: str, entry: R.BlobEntry, timeout: float) -> bytes | None:
-        """One download; every failure becomes a counted, logged rejection and None."""
+    async def _download(self, kind: str, peer_id: str, entry: R.BlobEntry,
+                        timeout: float) -> tuple[bytes | None, str | None]:
+        """One download -> (payload, None), or (None, reason) after a counted, logged rejection."""
         if entry.size > self.cfg.max_batch_bytes:
             self._reject("too_large", peer_id, f"{kind} round {entry.round}: announced {entry.size} bytes > limit {self.cfg.max_batch_bytes}")
-            return None
+            return None, "too_large"
         p2p = self._p2p
         if p2p is None:
             self._reject("stream_error", peer_id, "P2P is restarting")
-            return None
+            return None, "stream_error"
         try:
             payload = await with_deadline(
                 download(p2p, peer_id, kind, entry.round, expected_size=entry.size, expected_sha256=entry.sha256,
@@ -350,10 +359,10 @@ class SwarmNode:
             )
         except TransferError as exc:
             self._reject(exc.reason, peer_id, f"{kind} round {entry.round}: {exc.detail}")
-            return None
+            return None, exc.reason
         with self._stat_lock:
             self._counts["received"] += 1
-        return payload
+        return payload, None
 
     # ---- counters ----
 
