@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from swarm_node.errors import ConfigError
 
-VARIANTS = ("on_policy", "naive", "is", "tis", "filter", "ftis")
-Variant = Literal["on_policy", "naive", "is", "tis", "filter", "ftis"]
+Variant = Literal["on_policy", "naive", "is", "tis", "filter", "ftis"]  # training/ftis.py: what each one does
+Graph = Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"]  # gossip/topology.py
 
 
 class _Section(BaseModel):
@@ -111,7 +111,7 @@ class DPOConfig(_Section):
 
     averaging: Literal["gossip", "federated", "none"] = Field(
         "gossip", description="gossip with graph neighbours, exact mean over all participants, or local only")
-    topology: Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"] = Field(
+    topology: Graph = Field(
         "ring", description="gossip graph over the sorted live peer ids; must be the same on every node")
     er_probability: float = Field(0.5, gt=0.0, le=1.0, description="erdos_renyi: edge probability")
     graph_seed: int = Field(0, description="erdos_renyi graph and federated sampling seed; the same on every node")
@@ -174,7 +174,9 @@ class NodeConfig(_Section):
 
     def fingerprint(self) -> str:
         """Hash of the settings that change what a checkpoint means (resume refuses a mismatch)."""
-        keep = {"mode": self.mode, "model": self.model.model_dump(), "task": self.task.name}
+        keep: dict[str, Any] = {"mode": self.mode, "model": self.model.model_dump(), "task": self.task.name}
+        if self.mode == "dpo":  # a DPO node's preference data is its own: another user's is another run
+            keep["dpo_data"] = [self.dpo.user, self.dpo.data_path, self.dpo.num_users, self.seed]
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 

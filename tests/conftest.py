@@ -24,3 +24,11 @@ def presets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ensure_preset(name, root)
     os.environ["SWARM_NODE_PRESETS"] = str(root)
     return root
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that needs the built presets is slow (building them takes a minute): mark it so, whatever its file
+    says, so `make test-quick` (-m "not slow") never builds them."""
+    for item in items:
+        if "presets_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

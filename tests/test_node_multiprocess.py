@@ -1,7 +1,7 @@
 """GRPO nodes as real processes on 127.0.0.1: sharing across heterogeneous peers, a lying peer, a killed
 peer, and stop/resume from the state dir.
 
-Every node is `python -m swarm_node.cli run` started by `swarm_node.node.local_swarm` (what the demo uses)
+Every node is `python -m swarm_node.cli run` started by `swarm_node.runs.local_swarm` (what the demo uses)
 from the peers/*.yaml templates with small overrides, joined through `swarm-node bootstrap`.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from swarm_node.node.local_swarm import Peer, child_env, start_bootstrap, stop_process, write_peer_config
 from swarm_node.node.metrics import read_metrics
+from swarm_node.runs.local_swarm import Peer, child_env, start_bootstrap, stop_process, write_peer_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test may build the presets
 
@@ -204,8 +204,9 @@ def test_metrics_rows_are_complete(swarm_run):
             admitted = sum(r["external_groups_by_peer"].values())
             assert r["local_groups"] + r["external_groups"] + r["zero_advantage_groups"] == 4 + admitted, r
             assert r["local_groups"] <= 4 and r["external_groups"] <= admitted
-            assert r["gen_s"] > 0 and r["train_s"] >= 0 and r["tokens_per_s"] > 0
-            assert r["bytes_out"] > 0 and r["bytes_in"] >= 0
+            assert r["gen_s"] > 0 and r["train_s"] > 0 and r["tokens_per_s"] > 0
+            assert r["bytes_out"] > 0
+            assert r["bytes_in"] > 0 or admitted == 0, r  # what was trained on was downloaded this round
             assert isinstance(r["rejected"], dict)
             assert r["loss"] is None or isinstance(r["loss"], float)
             if r["round"] % 2 == 0 or r["round"] == swarm_run["rounds"]:  # eval_every=2, and the last round

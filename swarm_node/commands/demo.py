@@ -80,8 +80,8 @@ def _build_presets(templates: list[Path]) -> None:
 
 
 def _run_arm(arm: str, args: argparse.Namespace, templates: list[Path], out: Path) -> dict[str, int]:
-    from swarm_node.node.live import LiveTable
-    from swarm_node.node.local_swarm import Peer, start_bootstrap, stop_processes, write_peer_config
+    from swarm_node.runs.live import LiveTable
+    from swarm_node.runs.local_swarm import Peer, start_bootstrap, stop_processes, write_peer_config
 
     swarm = arm == "swarm"
     # loopback only: a local demo should not open ports on every interface of the machine
@@ -132,7 +132,7 @@ def _run_arm(arm: str, args: argparse.Namespace, templates: list[Path], out: Pat
 def run(args: argparse.Namespace) -> int:
     import shutil
 
-    from swarm_node.node.report import write_report
+    from swarm_node.runs.report import write_report
 
     templates = [_resolve_peer(s) for s in args.peers]
     out = args.out.resolve()

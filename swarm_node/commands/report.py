@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm_node.node.report import write_report
+    from swarm_node.runs.report import write_report
 
     old = args.run_dir / "report.json"
     extra = {}

@@ -165,7 +165,3 @@ def wrap_lora(model: Any, lora: LoraConfig) -> Any:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, pcfg)
-
-
-def trainable_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from swarm_node.errors import UserFacingError
+from swarm_node.training.params import trainable_named
 
 PREFIX = "ckpt-"
 
@@ -29,7 +30,7 @@ class Checkpoint:
 
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:
     """Only what training changes: all weights for a full model, the adapter for LoRA."""
-    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return {n: p.detach().cpu().clone() for n, p in trainable_named(model)}
 
 
 def save_checkpoint(

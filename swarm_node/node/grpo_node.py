@@ -78,7 +78,6 @@ class GRPONode:
             swarm_id=cfg.swarm.swarm_id, task_id=self.task.task_id, tokenizer_fp=self.loaded.tokenizer_fp,
             vocab_size=self.loaded.vocab_size, trust_peer_rewards=cfg.swarm.trust_peer_rewards,
         )
-        self.rejected_total: Counter = Counter()
         # groups from an in-process source instead of the swarm (off-policy experiments, benchmarks)
         self.external_source: Callable[[int], list[TrainGroup]] | None = None
 
@@ -202,7 +201,6 @@ class GRPONode:
             info["external_by_peer"][key] = info["external_by_peer"].get(key, 0) + len(adm.groups)
         info["peers_seen"] = len(received)
         info["rejected"] = dict(rejected)
-        self.rejected_total.update(rejected)
         return groups, info
 
     def run_round(self) -> dict:

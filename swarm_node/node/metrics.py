@@ -11,18 +11,15 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# reasons named by this node's code (peers cannot invent new ones); protocol:* and swarm:* come from
-# fixed lists in swarm_node.protocol.errors and swarm_node.swarm
+# Reasons named by this node's own code, exported to Prometheus as they are. `protocol:*` reasons are
+# bounded by swarm_node.protocol.errors.REASONS (ProtocolError refuses any other); `swarm:*` reasons are the
+# literals passed to SwarmNode._reject in swarm_node/swarm/node.py and the transfer layer's own reasons.
+# Peers choose none of these names, so the exported label set stays bounded.
 REJECT_REASONS_EXPORTED = frozenset({
     "swarm_mismatch", "task_mismatch", "tokenizer_mismatch", "vocab_mismatch", "unknown_prompt",
     "prompt_mismatch", "group_too_small", "duplicate_group", "reward_out_of_range", "stale", "round_mismatch",
     "oom_external",
 })
-
-GRPO_FIELDS = (
-    "round", "reward_mean", "loss", "local_groups", "external_groups", "filtered", "tokens_per_s",
-    "gen_s", "train_s", "eval_accuracy",
-)
 
 
 def _clean(v: Any) -> Any:
@@ -89,7 +86,9 @@ class MetricsWriter:
             g.set(float(value))
 
 
-def read_metrics(path: Path) -> list[dict]:
+def read_metrics(path: Path, warn: bool = True) -> list[dict]:
+    """Rows of a metrics.jsonl; a line that is not JSON (cut short by a crash, or being written by a live
+    node while the demo's table reads it) is skipped, with a warning unless `warn` is False."""
     rows = []
     p = Path(path)
     if not p.exists():
@@ -99,6 +98,7 @@ def read_metrics(path: Path) -> list[dict]:
             continue
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a crash or a full disk
-            log.warning("%s: line %d is not valid JSON; skipped", p, n)
+        except json.JSONDecodeError:
+            if warn:
+                log.warning("%s: line %d is not valid JSON; skipped", p, n)
     return rows

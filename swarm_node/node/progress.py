@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 
 log = logging.getLogger("swarm_node.node")
 
 
-def _fmt(v, spec: str) -> str:
+def fmt(v: float | None, spec: str = ".3f") -> str:
+    """A number for a table or log line; "-" for a value not measured (e.g. a round without eval)."""
     return "-" if v is None else format(v, spec)
 
 
@@ -18,8 +20,8 @@ def round_line(name: str, row: dict, total: int | None = None) -> str:
     rej = sum((row.get("rejected") or {}).values())
     parts = [
         f"{name} round {r}{of}",
-        f"reward {_fmt(row.get('reward_mean'), '.3f')}",
-        f"loss {_fmt(row.get('loss'), '+.4f')}",
+        f"reward {fmt(row.get('reward_mean'), '.3f')}",
+        f"loss {fmt(row.get('loss'), '+.4f')}",
         f"groups {row.get('local_groups', 0)}+{row.get('external_groups', 0)}ext",
         f"filtered {row.get('filtered', 0)}",
     ]
@@ -33,12 +35,34 @@ def round_line(name: str, row: dict, total: int | None = None) -> str:
     return " | ".join(parts)
 
 
-class RoundProgress:
-    """Logs each round; on an interactive terminal also keeps a rich progress bar at the bottom."""
+def dpo_round_line(name: str, row: dict, total: int | None = None) -> str:
+    """The DPO node's log line: local loss, held-out preference accuracy, consensus, neighbours."""
+    of = f"/{total}" if total else ""
+    parts = [
+        f"{name} round {row['round']}{of}",
+        f"loss {fmt(row.get('dpo_loss'), '.4f')}",
+        f"consensus {fmt(row.get('consensus_distance'), '.4f')}",
+        f"neighbours {len(row.get('neighbours') or [])} missing {len(row.get('missing_neighbours') or [])}",
+    ]
+    if row.get("heldout_pref_acc") is not None:
+        parts.append(f"held-out acc {row['heldout_pref_acc']:.3f}")
+    parts.append(f"{row.get('seconds', 0):.2f}s")
+    return " | ".join(parts)
 
-    def __init__(self, name: str, total: int | None):
+
+class RoundProgress:
+    """Logs each round; on an interactive terminal also keeps a rich progress bar at the bottom.
+
+    `describe` makes the log line of a metrics row (`round_line` for GRPO, `dpo_round_line` for DPO);
+    `accuracy_key` names the row's held-out accuracy shown on the bar.
+    """
+
+    def __init__(self, name: str, total: int | None, describe: Callable[[str, dict, int | None], str] = round_line,
+                 accuracy_key: str = "eval_accuracy"):
         self.name = name
         self.total = total
+        self.describe = describe
+        self.accuracy_key = accuracy_key
         self._progress = None
         if sys.stderr.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -49,11 +73,11 @@ class RoundProgress:
             self._progress.start()
 
     def update(self, row: dict) -> None:
-        line = round_line(self.name, row, self.total)
-        log.info(line)
+        log.info(self.describe(self.name, row, self.total))
         if self._progress is not None:
-            acc = row.get("eval_accuracy")
-            info = f"round {row['round']} reward {_fmt(row.get('reward_mean'), '.3f')}" + (
+            acc = row.get(self.accuracy_key)
+            info = f"round {row['round']}" + (
+                f" reward {row['reward_mean']:.3f}" if row.get("reward_mean") is not None else "") + (
                 f" acc {acc:.3f}" if acc is not None else "")
             self._progress.update(self._task, completed=row["round"], info=info)
 

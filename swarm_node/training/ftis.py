@@ -8,11 +8,14 @@ for how the normalization differs from the paper's code.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 from torch import Tensor
 
-VARIANTS = ("on_policy", "naive", "is", "tis", "filter", "ftis")
+from swarm_node.config import Variant
+
+VARIANTS: tuple[str, ...] = get_args(Variant)
 
 # variant -> (weight kind, filter on). "ratio": exp(logp - logq) uncapped; "capped": min(ratio, C); "one": 1.
 _VARIANT_SPEC: dict[str, tuple[str, bool]] = {
@@ -79,16 +82,6 @@ class LossDiagnostics:
     @property
     def mean_ratio(self) -> float:
         return self.token_mean(self.ratio_mean)
-
-    @property
-    def mean_truncated_frac(self) -> float:
-        return self.token_mean(self.truncated_frac)
-
-    @property
-    def mean_divergence(self) -> float:
-        """Sequence mean of k_i over non-empty sequences."""
-        valid = self.n_tokens > 0
-        return float(self.divergence[valid].mean()) if bool(valid.any()) else float("nan")
 
 
 def ftis_loss(

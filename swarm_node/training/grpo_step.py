@@ -18,7 +18,8 @@ from torch import Tensor, nn
 from swarm_node.config import TrainingConfig
 from swarm_node.training.ftis import LossDiagnostics, ftis_loss, group_advantages
 from swarm_node.training.groups import TrainGroup
-from swarm_node.training.optim import build_optimizer, set_lr, trainable_parameters
+from swarm_node.training.optim import build_optimizer, set_lr
+from swarm_node.training.params import trainable_parameters
 
 DEFAULT_LR = 1e-6  # paper's full-model lr; used only when neither cfg.lr nor a preset default is given
 

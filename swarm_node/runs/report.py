@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from swarm_node.node.metrics import read_metrics
+from swarm_node.node.progress import fmt
 
 ARMS = ("swarm", "alone")
 
@@ -118,10 +119,6 @@ def plot(run: dict, out_dir: Path) -> list[Path]:
     return written
 
 
-def _fmt(v, spec=".3f") -> str:
-    return "-" if v is None else format(v, spec)
-
-
 def _bytes(n: int) -> str:
     """Human-readable size: tiny-preset runs move kilobytes, real models megabytes (fixed MB read 0.00)."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
@@ -141,8 +138,8 @@ def markdown(report: dict) -> str:
         for peer, s in peers.items():
             rej = sum(s["rejected"].values())
             lines.append(
-                f"| {peer} | {arm} | {s['rounds']} | {_fmt(s['start_accuracy'])} | {_fmt(s['end_accuracy'])} | "
-                f"{_fmt(s['best_accuracy'])} | {_fmt(s['reward_first_quarter'])} | {_fmt(s['reward_last_quarter'])} | "
+                f"| {peer} | {arm} | {s['rounds']} | {fmt(s['start_accuracy'])} | {fmt(s['end_accuracy'])} | "
+                f"{fmt(s['best_accuracy'])} | {fmt(s['reward_first_quarter'])} | {fmt(s['reward_last_quarter'])} | "
                 f"{s['external_groups']} | {s['filtered']} | {rej} | {_bytes(s['bytes_out'])} | {_bytes(s['bytes_in'])} |"
             )
     lines += ["", "Eval accuracy is greedy exact match on the held-out split; rewards are of each peer's own",
