@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from swarm_node.errors import ConfigError
 
-Variant = Literal["on_policy", "naive", "is", "tis", "filter", "ftis"]  # training/ftis.py: what each one does
+Variant = Literal["on_policy", "naive", "is", "tis", "filter", "ftis", "vis", "fvis"]  # training/ftis.py
 Graph = Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"]  # gossip/topology.py
 
 
@@ -69,10 +69,12 @@ class TaskConfig(_Section):
 class TrainingConfig(_Section):
     """F-TIS / GRPO optimizer step (see docs/algorithms.md)."""
 
-    variant: Variant = Field("ftis", description="on_policy | naive | is | tis | filter | ftis (docs/algorithms.md)")
+    variant: Variant = Field("ftis", description="on_policy | naive | is (uncapped) | tis | filter | ftis | vis (the paper's PPO-clipped IS) | fvis (docs/algorithms.md)")
     cap: float = Field(2.0, gt=0.0, description="C: truncation of the per-token importance ratio")
     filter_threshold: float = Field(50.0, ge=0.0, description="g: divergence above which negative-advantage sequences are dropped")
-    clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip, active only when steps_per_round > 1")
+    filter_advantage: Literal["negative", "non_positive"] = Field(
+        "negative", description="which sequences the filter may drop: A < 0 (the paper's text) or A <= 0 (its code)")
+    clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip: the ratio clip of vis/fvis; for the other variants active only when steps_per_round > 1")
     steps_per_round: int = Field(1, ge=1, le=64)
     optimizer: Literal["adam", "adamw", "sgd"] = Field("adam", description="paper: Adam")
     lr: float | None = Field(None, gt=0.0, description="None: the preset's default (1e-6 full / 1e-4 LoRA for real models)")

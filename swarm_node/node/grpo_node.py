@@ -68,7 +68,7 @@ class GRPONode:
         self.task: Task = get_task(cfg.task)
         self.generator = make_generator(self.loaded, cfg.generation)
         self.trainer = GRPOTrainer(self.loaded.model, cfg.training, self.tok.pad_token_id,
-                                   lr_default=self.loaded.default_lr())
+                                   lr_default=self.loaded.default_lr(), temperature=cfg.generation.temperature)
         self.metrics = MetricsWriter(self.state_dir, cfg.metrics.prometheus_port)
         self.round = 0
         self.saved_round = 0  # round 0 = the model as loaded; never worth a checkpoint
