@@ -200,8 +200,8 @@ def main() -> None:
               f"{b8[0] / b16[0]:16.2f}")
     choco_rows = [g for g in rows if "choco" in rows[g]["runs"]]
     if choco_rows:
-        print("\nCHOCO-Gossip (top-k %.0f%%, gamma %.2f) vs plain float16: bytes per node to reach 95%% of plain's "
-              "final accuracy" % (100 * args.choco_fraction, args.choco_gamma))
+        print(f"\nCHOCO-Gossip (top-k {100 * args.choco_fraction:.0f}%, gamma {args.choco_gamma:.2f}) vs plain "
+              "float16: bytes per node to reach 95% of plain's final accuracy")
         print(f"{'graph':11s} {'target':>7s} {'acc choco':>16s} {'KiB fp16':>14s} {'KiB choco':>14s} {'ratio':>7s}")
         for graph in choco_rows:
             fp16, ch = rows[graph]["runs"]["float16"], rows[graph]["runs"]["choco"]
