@@ -33,6 +33,8 @@ import torch
 from swarm_node import gossip as G
 from swarm_node.gossip import choco, topology
 from swarm_node.models.factory import Preset, build_model, build_tokenizer
+from swarm_node.runs.stats import fmt_ms as fmt
+from swarm_node.runs.stats import mean_std
 from swarm_node.tasks.preferences import SyntheticPreferences
 from swarm_node.training.dpo import DPOTrainer, HeldOut
 from swarm_node.training.params import trainable_named
@@ -127,18 +129,6 @@ def run_choco(sw: Swarm, graph: str, rounds: int, eval_every: int, fraction: flo
 
 def bytes_to_reach(curve: list[tuple[int, float, float]], target: float) -> float | None:
     return next((b for _, acc, b in curve if acc >= target), None)
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    a = np.asarray([v for v in values if v is not None], dtype=float)
-    if a.size == 0:
-        return float("nan"), float("nan")
-    return float(a.mean()), float(a.std(ddof=1)) if a.size > 1 else 0.0
-
-
-def fmt(ms: tuple[float, float], spec: str = ".3f") -> str:
-    m, s = ms
-    return "-" if math.isnan(m) else f"{m:{spec}} +- {s:{spec}}"
 
 
 def main() -> None:
