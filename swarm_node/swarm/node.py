@@ -21,7 +21,7 @@ import uvloop
 
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import records as R
-from swarm_node.swarm.dht import ensure_identity, kill_dht, start_dht
+from swarm_node.swarm.dht import RefusalTally, ensure_identity, kill_dht, start_dht
 from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.swarm.transfer import HANDLER, TransferError, download, make_handler, with_deadline
 
@@ -62,6 +62,7 @@ class SwarmNode:
         self.info = info
         self.log = logger or logging.getLogger("swarm_node.swarm")
         self._peer_log = RateLimitedLog(self.log)  # lines a peer can cause: rate-limited per reason
+        self._refusals = RefusalTally()  # records our DHT child refused (records.RecordGuard, bound_storage)
         self.peer_id = ""
         self._round = 0
         self._keep = min(max(2, cfg.staleness_rounds + 1), R.MAX_ANNOUNCED_ROUNDS)
@@ -434,6 +435,9 @@ class SwarmNode:
                 self.log.debug("withdrawing %s: %s", key, exc)
 
     def _heartbeat(self) -> None:
+        for reason, n in self._refusals.poll(self._dht_call).items():
+            with self._stat_lock:
+                self._rejected[reason] = self._rejected.get(reason, 0) + n
         self._store(R.members_key(self.cfg.swarm_id), self._member_record())
         for kind in R.KINDS:
             self._announce(kind)
