@@ -21,7 +21,8 @@ import uvloop
 
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import records as R
-from swarm_node.swarm.dht import ensure_identity, kill_dht, start_dht
+from swarm_node.swarm.dht import RefusalTally, ensure_identity, kill_dht, start_dht
+from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.swarm.transfer import HANDLER, TransferError, download, make_handler, with_deadline
 
 POLL_S = 0.5
@@ -60,6 +61,8 @@ class SwarmNode:
         self.cfg = cfg
         self.info = info
         self.log = logger or logging.getLogger("swarm_node.swarm")
+        self._peer_log = RateLimitedLog(self.log)  # lines a peer can cause: rate-limited per reason
+        self._refusals = RefusalTally()  # records our DHT child refused (records.RecordGuard, bound_storage)
         self.peer_id = ""
         self._round = 0
         self._keep = min(max(2, cfg.staleness_rounds + 1), R.MAX_ANNOUNCED_ROUNDS)
@@ -385,7 +388,7 @@ class SwarmNode:
                     self._warned.clear()
                 self._warned.add(once)
             self._rejected[reason] = self._rejected.get(reason, 0) + 1
-        self.log.warning("rejected from peer %s: %s (%s)", peer_id, reason, detail)
+        self._peer_log.warning(reason, "rejected from peer %s: %s (%s)", peer_id, reason, detail)
 
     # ---- DHT + P2P plumbing ----
 
@@ -406,7 +409,8 @@ class SwarmNode:
     def _attach_p2p(self) -> None:
         async def attach():
             p2p = await self._dht.replicate_p2p()
-            await p2p.add_binary_stream_handler(HANDLER, make_handler(self._lookup, self._count_out))
+            await p2p.add_binary_stream_handler(HANDLER, make_handler(self._lookup, self._count_out, self._reject,
+                                                                   kinds=frozenset(R.KINDS)))
             return p2p
 
         with self._dht_lock:
@@ -431,6 +435,9 @@ class SwarmNode:
                 self.log.debug("withdrawing %s: %s", key, exc)
 
     def _heartbeat(self) -> None:
+        for reason, n in self._refusals.poll(self._dht_call).items():
+            with self._stat_lock:
+                self._rejected[reason] = self._rejected.get(reason, 0) + n
         self._store(R.members_key(self.cfg.swarm_id), self._member_record())
         for kind in R.KINDS:
             self._announce(kind)
