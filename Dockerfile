@@ -38,16 +38,18 @@ ENV PYTHONUNBUFFERED=1 \
 
 # Python (only when the base image has none) in a venv, and the unprivileged user that runs the node.
 # /state (checkpoints, metrics.jsonl, identity) and /swarm (the bootstrap's address file) belong to that
-# user, so named volumes mounted there start out writable by it. `pyproject.toml` is listed in the COPY
-# so that it never fails when the optional CA bundle is absent (its glob then matches nothing).
-COPY pyproject.toml ${PIP_CA_BUNDLE}* /tmp/build-ca/
+# user, so named volumes mounted there start out writable by it. The healthcheck script is listed in the
+# COPY so that it never fails when the optional CA bundle is absent (its glob then matches nothing); it
+# rarely changes, so these first layers stay cached when the project changes.
+COPY scripts/container-healthcheck.sh ${PIP_CA_BUNDLE}* /tmp/build-ca/
 RUN set -eux; \
     if ! python3 -c 'import ensurepip, venv' 2>/dev/null || [ ! -f /etc/ssl/certs/ca-certificates.crt ]; then \
         apt-get update; \
         apt-get install -y --no-install-recommends python3 python3-venv ca-certificates; \
         rm -rf /var/lib/apt/lists/*; \
     fi; \
-    bundle=$(find /tmp/build-ca -type f ! -name pyproject.toml | head -n 1); \
+    install -m 0755 /tmp/build-ca/container-healthcheck.sh /usr/local/bin/swarm-node-healthcheck; \
+    bundle=$(find /tmp/build-ca -type f ! -name container-healthcheck.sh | head -n 1); \
     if [ -n "$bundle" ]; then install -m 0644 "$bundle" "$PIP_CERT"; \
     else ln -s /etc/ssl/certs/ca-certificates.crt "$PIP_CERT"; fi; \
     rm -rf /tmp/build-ca; \
@@ -57,9 +59,9 @@ RUN set -eux; \
     mkdir -p /state /swarm; \
     chown swarm:swarm /state /swarm
 
-# torch in its own layer: a source change never reinstalls it (`pyproject.toml` again keeps the COPY
-# valid when the optional wheel directory is absent).
-COPY pyproject.toml ${TORCH_WHEEL_DIR}* /tmp/torch-wheels/
+# torch in its own layer: a source change never reinstalls it (the healthcheck script again keeps the
+# COPY valid when the optional wheel directory is absent).
+COPY scripts/container-healthcheck.sh ${TORCH_WHEEL_DIR}* /tmp/torch-wheels/
 RUN set -eux; \
     wheel=$(ls /tmp/torch-wheels/torch-*.whl 2>/dev/null | head -n 1 || true); \
     if [ -n "$wheel" ]; then \
@@ -88,17 +90,17 @@ WORKDIR /app
 COPY README.md pyproject.toml ./
 COPY swarm_node ./swarm_node
 COPY peers ./peers
-COPY scripts/container-healthcheck.sh /usr/local/bin/swarm-node-healthcheck
 RUN set -eux; \
     pip install --no-deps .; \
-    chmod 0755 /usr/local/bin/swarm-node-healthcheck; \
     swarm-node --version
 
 # Every tiny preset the code in this build context defines, built with the same recipe and seed (0) that
-# a node would use on first start, so containers never build or download a model.
+# a node would use on first start, so containers never build or download a model. PRESET_THREADS torch
+# threads (default 1: at this size more threads mostly add sync cost, and on a busy machine they spin).
+ARG PRESET_THREADS=1
 RUN set -eux; \
     for preset in $(python -c 'from swarm_node.models.factory import PRESETS; print(" ".join(sorted(PRESETS)))'); do \
-        swarm-node make-model --preset "$preset" --out "$SWARM_NODE_PRESETS/$preset"; \
+        OMP_NUM_THREADS=$PRESET_THREADS swarm-node make-model --preset "$preset" --out "$SWARM_NODE_PRESETS/$preset"; \
     done; \
     rm -rf /root/.cache
 

@@ -24,7 +24,8 @@
 #            too when this script made or pulled it).
 #
 # Knobs: BASE_IMAGE, TORCH_WHEEL, SMOKE_ROUNDS (6), SMOKE_DPO_ROUNDS (8), SMOKE_EVAL_N (100),
-# SMOKE_PROJECT (swarm-node-smoke), SMOKE_IMAGE (swarm-node:smoke), SMOKE_KEEP_BASE (1), SMOKE_TIMEOUT_S (900
+# SMOKE_PROJECT (swarm-node-smoke), SMOKE_IMAGE (swarm-node:smoke), SMOKE_KEEP_BASE (1), SMOKE_KEEP_IMAGE (0;
+# 1 keeps the project image and reuses it on the next run, for debugging), SMOKE_TIMEOUT_S (900
 # per phase), SMOKE_WORK (a temp dir: dockerd log, metrics copies, compose logs on failure), DEBIAN_MIRROR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,7 @@ ROUNDS=${SMOKE_ROUNDS:-6}
 DPO_ROUNDS=${SMOKE_DPO_ROUNDS:-8}
 EVAL_N=${SMOKE_EVAL_N:-100}
 KEEP_BASE=${SMOKE_KEEP_BASE:-1}
+KEEP_IMAGE=${SMOKE_KEEP_IMAGE:-0}
 TIMEOUT_S=${SMOKE_TIMEOUT_S:-900}
 CACHED_BASE=local/debian:bookworm-minbase
 WHEEL_DIR=.cache/torch-wheels
@@ -74,18 +76,26 @@ cleanup() {
     fi
     phase_start teardown
     "${COMPOSE[@]}" --profile dpo --profile gpu down -v --remove-orphans --timeout 30 >/dev/null 2>&1
-    docker image rm "$IMAGE" >/dev/null 2>&1
-    if [ -n "$MADE_BASE" ] && [ "$KEEP_BASE" = 0 ]; then
-      docker image rm "$MADE_BASE" >/dev/null 2>&1
-    fi
-    [ -n "$MADE_WHEEL_DIR" ] && rm -rf "${ROOT:?}/$WHEEL_DIR"
-    [ -n "$MADE_CA_BUNDLE" ] && rm -f "${ROOT:?}/$CA_BUNDLE"
     left=$(docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT"; \
            docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT"; \
            docker network ls -q --filter "label=com.docker.compose.project=$PROJECT")
     if [ -n "$left" ]; then log "left behind: $left"; [ "$rc" -eq 0 ] && rc=1; fi
     phase_end
   fi
+  if docker info >/dev/null 2>&1 && [ "$KEEP_IMAGE" != 1 ]; then
+    docker image rm "$IMAGE" >/dev/null 2>&1
+    # layers of an interrupted or failed build are left untagged: remove the ones this build made
+    if [ -f "$WORK/build.log" ]; then
+      for id in $(grep -a -o -E -- '---> [0-9a-f]{12}$' "$WORK/build.log" | awk '{ print $2 }' | tac); do
+        [ "$(docker image inspect -f '{{len .RepoTags}}' "$id" 2>/dev/null)" = 0 ] && docker image rm "$id" >/dev/null 2>&1
+      done
+    fi
+    if [ -n "$MADE_BASE" ] && [ "$KEEP_BASE" = 0 ]; then
+      docker image rm "$MADE_BASE" >/dev/null 2>&1
+    fi
+  fi
+  [ -n "$MADE_WHEEL_DIR" ] && rm -rf "${ROOT:?}/$WHEEL_DIR"
+  [ -n "$MADE_CA_BUNDLE" ] && rm -f "${ROOT:?}/$CA_BUNDLE"
   if [ -n "$STARTED_DOCKERD" ]; then
     log "stopping the dockerd this script started (pid $STARTED_DOCKERD)"
     kill "$STARTED_DOCKERD" 2>/dev/null
@@ -182,15 +192,17 @@ phase_end
 
 # ---- build -------------------------------------------------------------------------------------------
 phase_start build
-build=(docker build)
-# The Docker CLI defaults to BuildKit through the buildx plugin; without the plugin, use the classic builder.
-docker buildx version >/dev/null 2>&1 || export DOCKER_BUILDKIT=0
-log "building $IMAGE from $BASE (log: $WORK/build.log)"
-if ! nice -n 10 "${build[@]}" -t "$IMAGE" --build-arg "BASE_IMAGE=$BASE" --build-arg "TORCH_WHEEL_DIR=$WHEEL_DIR" \
-     --build-arg "PIP_CA_BUNDLE=$CA_BUNDLE" \
-     . >"$WORK/build.log" 2>&1; then
-  tail -n 40 "$WORK/build.log"
-  die "image build failed"
+if [ "$KEEP_IMAGE" = 1 ] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
+  log "SMOKE_KEEP_IMAGE=1: reusing $IMAGE (docker image rm $IMAGE to rebuild)"
+else
+  # The Docker CLI defaults to BuildKit through the buildx plugin; without the plugin, use the classic builder.
+  docker buildx version >/dev/null 2>&1 || export DOCKER_BUILDKIT=0
+  log "building $IMAGE from $BASE (log: $WORK/build.log)"
+  if ! nice -n 10 docker build -t "$IMAGE" --build-arg "BASE_IMAGE=$BASE" --build-arg "TORCH_WHEEL_DIR=$WHEEL_DIR" \
+       --build-arg "PIP_CA_BUNDLE=$CA_BUNDLE" . >"$WORK/build.log" 2>&1; then
+    tail -n 40 "$WORK/build.log"
+    die "image build failed"
+  fi
 fi
 log "image $IMAGE: $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{ printf "%.0f MB", $1 / 1e6 }')"
 phase_end

@@ -10,6 +10,7 @@ scripts/compose-smoke.sh, which builds the image and trains the compose swarm.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -45,9 +46,14 @@ def load_compose(env: dict[str, str] | None = None) -> dict:
     return yaml.safe_load(interpolate((ROOT / "compose.yaml").read_text(), env))
 
 
+@functools.cache
+def _parser():
+    return build_parser()
+
+
 def parse(cmd: list[str]):
     assert cmd[0] == "swarm-node", cmd
-    return build_parser().parse_args(cmd[1:])
+    return _parser().parse_args(cmd[1:])
 
 
 def overrides(args) -> dict[str, str]:
@@ -192,8 +198,9 @@ def test_dockerfile_layers_user_health_and_build_args():
     source_copy = next(i for i, (w, rest) in enumerate(ins) if w == "COPY" and rest.startswith("swarm_node"))
     presets_run = next(i for i in runs if "make-model" in ins[i][1])
     assert torch_run < source_copy < presets_run, "torch before the source; presets built from the source"
-    assert all("pyproject.toml" in ins[i][1] for i in range(torch_run) if ins[i][0] == "COPY"), \
-        "nothing but pyproject.toml and the wheels may invalidate the torch layer"
+    early = [ins[i][1].split()[:-1] for i in range(torch_run) if ins[i][0] == "COPY"]
+    assert all(src[0] == "scripts/container-healthcheck.sh" and src[1].endswith("}*") for src in early), \
+        "only the healthcheck script and the optional wheel / CA files may invalidate the torch layer"
     user = [rest for w, rest in ins if w == "USER"]
     assert user and user[-1] not in ("root", "0") and words.index("USER") > presets_run
     assert any(w == "VOLUME" and "/state" in rest for w, rest in ins)
@@ -218,12 +225,15 @@ def _ignored(path: str, rules: list[str]) -> bool:
 def test_dockerignore_keeps_exactly_what_the_dockerfile_copies():
     rules = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
+    defaults = dict(rest.split("=", 1) for w, rest in _instructions() if w == "ARG" and "=" in rest)
+    optional = {defaults["TORCH_WHEEL_DIR"], defaults["PIP_CA_BUNDLE"]}  # COPY'd as ${ARG}*: may be absent
     sources = []
     for w, rest in _instructions():
         if w == "COPY":
-            sources += [s.replace("${TORCH_WHEEL_DIR}*", ".cache/torch-wheels") for s in rest.split()[:-1]]
+            sources += [_VAR.sub(lambda m: defaults[m.group(1)], s).removesuffix("*") for s in rest.split()[:-1]]
+    assert optional <= set(sources)
     for src in sources:
-        assert (ROOT / src).exists() or src == ".cache/torch-wheels", src
+        assert (ROOT / src).exists() or src in optional, src
         assert not _ignored(src, rules), f"{src} is copied by the Dockerfile but excluded by .dockerignore"
         assert not _ignored(src + "/x.py", rules) or not (ROOT / src).is_dir(), src
     for junk in [".git", ".venv", "runs", "demo-out", ".cache/swarm-node", "tests/test_compose.py",
