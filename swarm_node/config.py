@@ -97,9 +97,24 @@ class SwarmConfig(_Section):
     client_mode: bool = Field(False, description="do not accept incoming connections (behind NAT without forwarding)")
     use_relay: bool = Field(True, description="allow libp2p circuit relays")
     use_auto_relay: bool = Field(False, description="look for relays automatically when unreachable")
-    max_peers_per_round: int = Field(4, ge=0, description="K: peers' batches pulled per round")
-    staleness_rounds: int = Field(4, ge=0, description="ignore batches older than this many rounds behind ours")
-    collect_deadline_s: float = Field(15.0, gt=0.0)
+    max_peers_per_round: int = Field(4, ge=0, description="K: peers' batches trained on per round (at most one per peer)")
+    exchange: Literal["async", "lockstep"] = Field(
+        "async", description="async: train on what has arrived, never wait; lockstep: wait up to collect_deadline_s "
+        "for K batches of rounds within staleness_rounds of ours (the paper's synchronous setting)")
+    staleness_rounds: int = Field(4, ge=0, description="lockstep only: ignore batches of rounds this far behind ours")
+    collect_deadline_s: float = Field(15.0, gt=0.0, description="lockstep: longest wait for peers per round; also "
+                                      "the deadline of one background download")
+    push_fanout: int = Field(4, ge=1, le=64, description="F: random neighbours each batch announcement is pushed to")
+    max_batch_age_s: float = Field(120.0, gt=0.0, description="refuse peers' batches generated longer ago than this "
+                                   "(sender's clock)")
+    max_version_lag: int = Field(32, ge=0, description="refuse a batch more than this many of its sender's own "
+                                 "policy versions behind that sender's newest")
+    max_clock_skew_s: float = Field(5.0, ge=0.0, description="a batch generated further in the future is refused")
+    max_version_jump: int = Field(1000, ge=1, description="refuse rounds this far ahead of the sender's last signed "
+                                  "heartbeat (rounds from the future)")
+    buffer_batches: int = Field(16, ge=1, description="peers' batches held between rounds (one per peer; oldest evicted)")
+    buffer_bytes: int = Field(256 * 2**20, ge=1024, description="bytes of peers' batches held between rounds")
+    pipeline: bool = Field(False, description="generate round r+1 while round r trains (samples one version stale)")
     heartbeat_s: float = Field(5.0, gt=0.0, description="membership record refresh period")
     record_ttl_s: float = Field(60.0, gt=0.0, description="membership / announcement expiry")
     trust_peer_rewards: bool = Field(False, description="use peers' claimed rewards (only for tasks this node cannot verify)")
