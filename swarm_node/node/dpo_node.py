@@ -276,7 +276,7 @@ def _build(cfg: NodeConfig) -> _Node:
         torch.set_num_threads(1)
     data = node_preferences(d.data_path, d.eval_data_path, user=d.user, seed=cfg.seed, num_users=d.num_users,
                             pairs_per_user=d.pairs_per_user, heldout_pairs=d.heldout_pairs)
-    trainer = DPOTrainer(model, tok, data.train, beta=d.beta, lr=_default_lr(cfg, loaded), batch_size=d.batch_size,
+    trainer = DPOTrainer(model, tok, data.train, beta=d.beta, lr=loaded.default_lr("dpo", cfg.dpo.lr), batch_size=d.batch_size,
                          max_length=d.max_length, grad_clip=cfg.training.grad_clip, seed=cfg.seed)
     heldout = HeldOut(model, tok, data.heldout, d.max_length)
     arch_fp = A.arch_fingerprint(model)
