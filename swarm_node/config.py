@@ -55,11 +55,15 @@ class GenerationConfig(_Section):
 
 
 class TaskConfig(_Section):
-    """Where prompts and rewards come from."""
+    """Where prompts and rewards come from (docs/tasks.md)."""
 
-    name: Literal["arithmetic", "gsm8k"] = Field("arithmetic", description="built-in task (docs/tasks.md)")
-    data_path: str | None = Field(None, description="JSONL or parquet file (gsm8k)")
-    eval_data_path: str | None = Field(None, description="gsm8k: held-out file; None: the last 10% of data_path")
+    name: str = Field("arithmetic", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="arithmetic | gsm8k | reasoning_gym | files | a plugin's name (entry point group swarm_node.tasks)")
+    data_path: str | None = Field(None, description="gsm8k / files: JSONL or parquet file, or (files) a local HF datasets directory")
+    eval_data_path: str | None = Field(None, description="gsm8k / files: held-out data; None: the last 10% of data_path")
+    datasets: list[str] | dict[str, dict[str, Any] | None] | None = Field(None, description="reasoning_gym: dataset names, or name -> {weight, config}")
+    prompt_field: str = Field("prompt", description="files: the record field with the prompt text")
+    answer_field: str = Field("answer", description="files: the record field with the reference answer")
+    reward: str | None = Field(None, description="files: reward function 'module:function' (completion, answer) -> [0, 1]; None: exact match")
     prompts_per_round: int = Field(8, ge=1, description="own prompts sampled per round (each gets G completions)")
     eval_split: Literal["id", "ood"] = Field("id", description="split used by the periodic eval")
     eval_n: int = Field(200, ge=1, description="eval prompts (greedy decoding)")

@@ -59,7 +59,6 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="models.factory <-> models.loading: removed by the models/presets split")
 def test_no_import_cycles_counting_function_local_imports() -> None:
     assert _cycles(grimp.build_graph("swarm_node")) == []
 

@@ -1,4 +1,4 @@
-"""`swarm-node eval` and `node.evaluation.evaluate` against a hand-written greedy loop."""
+"""`swarm-node eval` and `swarm_node.evaluation.evaluate` against a hand-written greedy loop."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from swarm_node.models.factory import PRESETS, build_model, build_tokenizer, greedy_accuracy
+from swarm_node.evaluation import evaluate, greedy_accuracy
+from swarm_node.models.factory import PRESETS, build_model, build_tokenizer
 from swarm_node.models.loading import load_model
-from swarm_node.node.evaluation import evaluate
 from swarm_node.tasks.arithmetic import ArithmeticTask
 from swarm_node.tasks.base import Prompt
 
@@ -80,6 +80,12 @@ def test_cli_readable_line_and_errors(model_dir, tmp_path):
     assert bad.returncode == 2 and "eval_split 'ood'" in bad.stderr and "Traceback" not in bad.stderr
     missing = cli("--model", str(tmp_path / "nope"), "--n", "2", tmp_path=tmp_path)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    neither = tmp_path / "neither"
+    neither.mkdir()
+    (neither / "notes.txt").write_text("not a model")
+    res = cli("--model", str(neither), "--n", "2", tmp_path=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "not a model directory" in res.stderr, res.stderr
 
 
 class ScriptedTask(ArithmeticTask):

@@ -301,7 +301,7 @@ def test_stop_and_resume_from_state_dir(presets, tmp_path):
     import torch
 
     from swarm_node.config import load_config
-    from swarm_node.node.checkpoint import latest_checkpoint
+    from swarm_node.node.checkpoint import latest_checkpoint, load_weights
     from swarm_node.node.grpo_node import GRPONode
 
     ov = {"rounds": 50, "task.prompts_per_round": 4, "task.eval_n": 20, "metrics.eval_every": 1000,
@@ -328,7 +328,7 @@ def test_stop_and_resume_from_state_dir(presets, tmp_path):
     fresh = {n: p.detach().clone() for n, p in node.loaded.model.named_parameters() if p.requires_grad}
     node.resume()
     assert node.round == last
-    saved = torch.load(ck.path / "model.pt", weights_only=True)
+    saved = load_weights(ck.path)
     params = dict(node.loaded.model.named_parameters())
     assert set(saved) == set(fresh)
     for n, t in saved.items():

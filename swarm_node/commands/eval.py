@@ -1,9 +1,14 @@
-"""`swarm-node eval`: greedy accuracy of a saved model (or preset) on a task's held-out split."""
+"""`swarm-node eval`: greedy accuracy of a saved model, a node's state dir, or a preset on a held-out split.
+
+A state dir is evaluated on the weights of its newest readable checkpoint, exactly as `swarm-node export`
+would write them, so evaluating the exported directory gives the same number.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 NAME = "eval"
 HELP = "greedy exact-match accuracy of a model on a task's held-out eval split"
@@ -12,7 +17,7 @@ DEFAULT_MAX_NEW_TOKENS = {"arithmetic": 8, "gsm8k": 64}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="saved model directory, hub id, or preset name (tiny-s, tiny-m)")
+    p.add_argument("--model", required=True, help="saved model directory, a node's --state-dir, hub id, or preset name (tiny-s, tiny-m)")
     p.add_argument("--task", default="arithmetic", choices=sorted(DEFAULT_MAX_NEW_TOKENS))
     p.add_argument("--split", default="id", choices=["id", "ood"], help="eval split (gsm8k has only 'id')")
     p.add_argument("--n", type=int, default=200, help="number of eval prompts (the first n of the split)")
@@ -28,8 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from swarm_node.config import TaskConfig
     from swarm_node.errors import UserFacingError
+    from swarm_node.evaluation import evaluate
     from swarm_node.models.loading import load_model
-    from swarm_node.node.evaluation import evaluate
+    from swarm_node.node.checkpoint import is_state_dir, load_trained_model
     from swarm_node.tasks import get_task
 
     if args.n < 1:
@@ -42,7 +48,10 @@ def run(args: argparse.Namespace) -> int:
     task_cfg = TaskConfig(name=args.task, data_path=args.data_path, eval_data_path=args.eval_data_path,
                           eval_split=args.split)
     task = get_task(task_cfg)
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    if is_state_dir(Path(args.model).expanduser()):
+        loaded, _ = load_trained_model(Path(args.model).expanduser(), dtype=args.dtype, device=args.device)
+    else:
+        loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     result = evaluate(loaded.model, loaded.tokenizer, task, args.split, args.n, max_new, batch_size=args.batch_size)
     result = {"task": args.task, "model": args.model, **result, "max_new_tokens": max_new}
     if args.json:

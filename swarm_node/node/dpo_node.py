@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -41,14 +40,6 @@ log = logging.getLogger("swarm_node.dpo")
 TINY_PARAMS = 5_000_000  # below this, one CPU thread is faster than several (measured ~10x on 2 busy cores)
 
 
-def _default_lr(cfg: NodeConfig, loaded: Any) -> float:
-    if cfg.dpo.lr is not None:
-        return cfg.dpo.lr
-    if loaded.meta.get("preset") or cfg.model.path.startswith("tiny-"):
-        return 3e-3
-    return 1e-4 if loaded.is_lora else 1e-6
-
-
 class DPONode:
     """State of one DPO node between rounds; `round` is the next round to run."""
 
@@ -70,7 +61,7 @@ class DPONode:
                                      heldout_pairs=d.heldout_pairs)
         # Both take their reference log-probs from the model as loaded, before any checkpoint is restored:
         # the DPO reference is the initial policy, on a fresh start and on a resume alike.
-        self.trainer = DPOTrainer(self.model, tok, self.data.train, beta=d.beta, lr=_default_lr(cfg, self.loaded),
+        self.trainer = DPOTrainer(self.model, tok, self.data.train, beta=d.beta, lr=self.loaded.default_lr("dpo", d.lr),
                                   batch_size=d.batch_size, max_length=d.max_length,
                                   grad_clip=cfg.training.grad_clip, seed=cfg.seed)
         self.heldout = HeldOut(self.model, tok, self.data.heldout, d.max_length)

@@ -18,10 +18,16 @@ import torch
 
 from swarm_node.config import NodeConfig
 from swarm_node.errors import UserFacingError
+from swarm_node.evaluation import evaluate
 from swarm_node.generation import make_generator
 from swarm_node.models.loading import LoadedModel, load_model
-from swarm_node.node.checkpoint import list_checkpoints, load_checkpoint, remove_partial, save_checkpoint
-from swarm_node.node.evaluation import evaluate
+from swarm_node.node.checkpoint import (
+    list_checkpoints,
+    load_checkpoint,
+    model_record,
+    remove_partial,
+    save_checkpoint,
+)
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress
@@ -108,7 +114,7 @@ class GRPONode:
             return
         self.saved_round = self.round
         save_checkpoint(self.state_dir, self.round, self.loaded.model, self.trainer.state_dict(),
-                        {"model_name": self.loaded.name, "is_lora": self.loaded.is_lora},
+                        model_record(self.loaded, self.cfg.model.lora),
                         self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
 
     def join_swarm(self) -> None:
