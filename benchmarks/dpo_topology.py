@@ -1,7 +1,7 @@
 """Decentralized DPO on five graphs, side by side: consensus, accuracy, contraction vs the spectral gap, bytes.
 
-8 in-process DPO nodes (a tiny Llama each, the same initial weights), 4 users with different tastes (2
-nodes each, non-IID), one local DPO step per round, then one gossip average through the same functions the
+8 in-process DPO nodes (a tiny Llama each, the same initial weights), 4 users with different tastes (node
+i has user i mod 4, so graph neighbours differ in taste; non-IID), one local DPO step per round, then one gossip average through the same functions the
 networked node runs (swarm_node/gossip/mixing.py). Per graph it reports:
 
 - consensus error sqrt(mean_i ||x_i - x_bar||^2) and the mean held-out preference accuracy of the nodes
@@ -59,7 +59,7 @@ def consensus_error(states: list[list[torch.Tensor]]) -> float:
 
 
 class Swarm:
-    """n DPO nodes in one process with a common initial model; user i // (n / users) on node i."""
+    """n DPO nodes in one process with a common initial model; node i holds user (i mod users)'s pairs."""
 
     def __init__(self, n: int, users: int, seed: int, lr: float, pairs: int, heldout: int) -> None:
         torch.manual_seed(seed)
@@ -73,8 +73,8 @@ class Swarm:
             m = build_model(pre, len(self.tok), self.tok.pad_token_id, self.tok.eos_token_id, seed)
             m.load_state_dict(base.state_dict())
             self.models.append(m)
-        per_user = max(1, n // users)
-        self.trainers = [DPOTrainer(m, self.tok, task.user_pairs(i // per_user % users, pairs, seed=seed), lr=lr,
+        # users interleaved around the graph (node i has user i mod users), each node its own sample of pairs
+        self.trainers = [DPOTrainer(m, self.tok, task.user_pairs(i % users, pairs, seed=1000 * seed + i), lr=lr,
                                     batch_size=16, seed=seed + i) for i, m in enumerate(self.models)]
         self.held = HeldOut(base, self.tok, task.heldout_pairs(heldout, seed=seed + 10_000))
         self.arch = G.arch_fingerprint(base)
