@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import struct
 import time
-from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -28,10 +26,7 @@ from swarm_node.protocol import columns as col
 from swarm_node.protocol.codec import ID_PACKED, ID_PLANES, batch_to_body
 from swarm_node.protocol.framing import HEADER, MAGIC, frame
 from swarm_node.protocol.fuzz import check_invariants
-
-_spec = importlib.util.spec_from_file_location("bench_wire", Path(__file__).parents[1] / "benchmarks" / "wire.py")
-wire = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(wire)
+from swarm_node.runs import batches as wire
 
 LP_TOL = 1 / 128  # documented bound, below the required 0.01
 
