@@ -29,6 +29,8 @@ from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.stopping import StopFlag
 from swarm_node.tasks.preferences import node_preferences
 from swarm_node.training.dpo import DPOTrainer, HeldOut
+from swarm_node.training.lr_schedule import lr_factor
+from swarm_node.training.optim import set_lr
 
 log = logging.getLogger("swarm_node.dpo")
 
@@ -200,6 +202,7 @@ class _Node:
     shapes: list
     user: int | None
     allreduce: _AllReduce | None = None
+    metrics: MetricsWriter | None = None
     rejects: A.RejectCounter = field(default_factory=A.RejectCounter)
     last_stats: dict = field(default_factory=lambda: {"bytes_in": 0, "bytes_out": 0})
 
@@ -211,6 +214,9 @@ class _Node:
         d, swarm, t0 = self.cfg.dpo, self.ex.swarm, time.time()
         if swarm:
             swarm.set_round(r)
+        t = self.cfg.training  # the shared lr schedule: training.lr_schedule / warmup_rounds, over DPO rounds
+        set_lr(self.trainer.optimizer, self.trainer.optimizer.defaults["lr"] *
+               lr_factor(t.lr_schedule, r, t.warmup_rounds, self.cfg.rounds))
         step = self.trainer.local_steps(d.local_steps)
         own = A.get_params(self.model)
         payload = A.encode_params(own, self.arch_fp, d.compression)
@@ -241,6 +247,7 @@ class _Node:
         row = {
             "round": r,
             "dpo_loss": step.loss,
+            "lr": self.trainer.optimizer.param_groups[0]["lr"],
             "train_pref_acc": step.accuracy,
             **ev,
             "consensus_distance": res.consensus_distance,
@@ -310,7 +317,7 @@ def run_dpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> i
     r, neighbours = 0, []
     try:
         node.ex.wait_for_peers(stop)
-        metrics = MetricsWriter(Path(state_dir), cfg.metrics.prometheus_port, node_name=node.ex.self_id)
+        metrics = node.metrics = MetricsWriter.from_config(Path(state_dir), cfg, node_name=node.ex.self_id)
         metrics.truncate_after(-1)  # DPO mode has no resume: a run starts at round 0
         # The stop decision is taken once per round, when the round is evaluated: a signal that lands after
         # that point is seen by the next round, which then runs to its end and is evaluated. So the last
@@ -332,6 +339,8 @@ def run_dpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> i
             r, neighbours, stopping = r + 1, res.present, decided["stop"]
         node.ex.linger(r, neighbours)
     finally:
+        if node.metrics is not None:
+            node.metrics.close()
         if node.allreduce is not None:
             node.allreduce.close()
         node.ex.close()
