@@ -70,7 +70,7 @@ def test_report_on_a_demo_dir_as_before(tmp_path):
 def test_report_on_a_dir_without_metrics_says_what_it_expects(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert "metrics.jsonl (a node's --state-dir)" in err and "swarm-node demo --out" in err
+    assert "no metrics.jsonl with rows in" in err and "(a node's --state-dir)" in err and "swarm-node demo --out" in err
 
 
 def test_rolling_mean_and_band():

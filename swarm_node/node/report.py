@@ -136,7 +136,8 @@ def plot(run: dict, out_dir: Path) -> list[Path]:
                 if kind == "reward":
                     mean, std = rolling([p[1] for p in pts])
                     ax.plot(xs, mean, style, color=color, label=label)
-                    ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
+                    ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.07 if arm == "alone" else 0.15,
+                                    linewidth=0)
                 else:
                     ax.plot(xs, [p[1] for p in pts], style, color=color, marker="o", markersize=3, label=label)
         ax.set_xlim(0, max(1, last))
@@ -197,7 +198,7 @@ def write_report(run_dir: Path, extra: dict | None = None) -> dict:
     run_dir = Path(run_dir)
     run = load_run(run_dir)
     if not run:
-        raise FileNotFoundError(f"no metrics rows in {run_dir}/metrics.jsonl (a node's --state-dir) nor under "
+        raise FileNotFoundError(f"no metrics.jsonl with rows in {run_dir} (a node's --state-dir) nor under "
                                 f"{run_dir}/swarm/*/ or {run_dir}/alone/*/ (a `swarm-node demo --out` dir)")
     report = {"run_dir": str(run_dir), **(extra or {}),
               "arms": {arm: {peer: _peer_summary(rows) for peer, rows in peers.items()} for arm, peers in run.items()}}
