@@ -163,3 +163,29 @@ def test_grpo_node_follows_the_schedule_and_reports_it(presets_dir, tmp_path):
     assert lrs == pytest.approx([0.0005, 0.001, 0.001, 0.0005])
     assert [r["lr"] for r in read_metrics(tmp_path / "metrics.jsonl")] == pytest.approx(lrs)
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_dpo_node_follows_the_schedule_and_logs_to_tensorboard(tmp_path):
+    """DPO mode shares training.lr_schedule: cosine after a 2-round warm-up, over its rounds 0..4."""
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from swarm_node.models.factory import Preset, build_model, build_tokenizer
+    from swarm_node.node.dpo_node import run_dpo_node
+
+    torch.set_num_threads(1)
+    tok = build_tokenizer()
+    pre = Preset("llama", hidden=32, layers=2, heads=2, kv_heads=2, intermediate=64, lr_full=1e-3, lr_lora=1e-3)
+    build_model(pre, len(tok), tok.pad_token_id, tok.eos_token_id, 0).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    cfg = load_config(None, ["mode=dpo", f"model.path={tmp_path / 'model'}", "rounds=5", "dpo.lr=0.004",
+                             "dpo.pairs_per_user=16", "dpo.heldout_pairs=16", "training.lr_schedule=cosine",
+                             "training.warmup_rounds=2", "metrics.report_to=[tensorboard]"])
+    assert run_dpo_node(cfg, tmp_path / "state", log_level="warning") == 0
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "state" / "metrics.jsonl")]
+    assert lrs == pytest.approx([0.004 * lr_factor("cosine", s, 2, 5) for s in range(5)])
+    assert lrs[:3] == pytest.approx([0.002, 0.004, 0.004]) and lrs[4] < lrs[3] < lrs[2]
+    acc = EventAccumulator(str(tmp_path / "state" / "tensorboard"))
+    acc.Reload()
+    assert [ev.step for ev in acc.Scalars("dpo_loss")] == [0, 1, 2, 3, 4]
+    assert [ev.value for ev in acc.Scalars("lr")] == pytest.approx(lrs)
