@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from swarm_node.config import NodeConfig
 
 NAME = "run"
 HELP = "run a node daemon (GRPO or DPO mode, per the config)"
@@ -45,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     return run_grpo_node(cfg, args.state_dir, log_level=args.log_level)
 
 
-def preflight(cfg, state_dir: Path) -> Path:
+def preflight(cfg: NodeConfig, state_dir: Path) -> Path:
     """Everything that can be checked before the model loads, so a mistake costs one line and no wait."""
     from swarm_node.commands import _preflight as check
     from swarm_node.node.trackers import check_installed
