@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarm_node.errors import ConfigError
 
@@ -87,6 +87,10 @@ class TrainingConfig(_Section):
     micro_batch_size: int = Field(32, ge=1, description="sequences per forward pass when recomputing log-probs (bounds memory)")
     adv_eps: float = Field(1e-6, gt=0.0, description="A = (r - mean) / (std + adv_eps)")
     skip_zero_advantage_groups: bool = Field(True, description="groups with all-equal rewards carry no signal")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning rate per round after the warm-up: constant, or decaying towards 0 at "
+        "`rounds` (linear, cosine; they need `rounds`); also used by DPO mode")
+    warmup_rounds: int = Field(0, ge=0, description="rounds of linear warm-up from lr/warmup_rounds to lr")
 
 
 class SwarmConfig(_Section):
@@ -170,6 +174,20 @@ class MetricsConfig(_Section):
 
     eval_every: int = Field(5, ge=1, description="evaluate every k rounds (and at round 0)")
     prometheus_port: int | None = Field(None, ge=1, le=65535, description="serve /metrics on this port (opt-in)")
+    prometheus_host: str = Field("127.0.0.1", description="address /metrics listens on; 0.0.0.0 exposes it on "
+                                 "every interface")
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(
+        [], description="also log every metrics.jsonl row to these trackers (needs the [trackers] extra); "
+        "\"all\" and \"none\" are accepted, as in TRL")
+    tensorboard_dir: str | None = Field(None, description="TensorBoard event files; None: STATE_DIR/tensorboard")
+    wandb_project: str = Field("swarm-node", description="W&B project; WANDB_MODE=offline logs without a network")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_like_trl(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return {"none": [], "all": ["tensorboard", "wandb"]}.get(v, [v])
+        return v
 
 
 class NodeConfig(_Section):
@@ -191,6 +209,9 @@ class NodeConfig(_Section):
     def _check_cross_fields(self) -> NodeConfig:
         if self.task.name == "gsm8k" and not self.task.data_path:
             raise ValueError("task.data_path is required when task.name is 'gsm8k'")
+        if self.training.lr_schedule != "constant" and self.rounds is None:
+            raise ValueError(f"training.lr_schedule={self.training.lr_schedule!r} decays towards round `rounds`, "
+                             "which is not set; set rounds, or use lr_schedule=constant")
         return self
 
     def fingerprint(self) -> str:
@@ -216,6 +237,58 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
         shown = value if not isinstance(value, dict) else "{...}"
         lines.append(f"  key '{key}': value {shown!r} is not allowed: {allowed}")
     return "\n".join(lines)
+
+
+# TRL (GRPOConfig / DPOConfig) names accepted in place of ours where the meaning is the same, inside the same
+# section: `training: {learning_rate: 1e-6}` is `training: {lr: 1e-6}`. docs/configuration.md lists them
+# with the TRL keys that have no equivalent here.
+TRL_ALIASES: dict[str, dict[str, str]] = {
+    "training": {"learning_rate": "lr", "max_grad_norm": "grad_clip", "epsilon": "clip_eps",
+                 "num_iterations": "steps_per_round", "lr_scheduler_type": "lr_schedule",
+                 "vllm_importance_sampling_cap": "cap"},
+    "generation": {"max_completion_length": "max_new_tokens"},
+    "dpo": {"learning_rate": "lr", "per_device_train_batch_size": "batch_size"},
+}
+
+ENV_PREFIX = "SWARM_NODE__"  # SWARM_NODE__TRAINING__LR=1e-4 is training.lr=1e-4 (double underscores separate)
+
+
+def _canonical(parts: list[str]) -> list[str]:
+    """Replace a TRL alias in a dotted key by our name (`training.learning_rate` -> `training.lr`)."""
+    if len(parts) == 2 and parts[1] in TRL_ALIASES.get(parts[0], {}):
+        return [parts[0], TRL_ALIASES[parts[0]][parts[1]]]
+    return parts
+
+
+def _resolve_aliases(data: dict, source: str) -> None:
+    for section, names in TRL_ALIASES.items():
+        sec = data.get(section)
+        if not isinstance(sec, dict):
+            continue
+        for alias, ours in names.items():
+            if alias not in sec:
+                continue
+            if ours in sec:
+                raise ConfigError(f"{source}: both '{section}.{ours}' and its TRL name '{section}.{alias}' are set; "
+                                  "keep one")
+            sec[ours] = sec.pop(alias)
+
+
+def env_overrides(environ: dict[str, str] | None = None) -> list[tuple[str, list[str], Any]]:
+    """(variable, key path, value) for every SWARM_NODE__SECTION__KEY variable, sorted by name."""
+    import os
+
+    env = os.environ if environ is None else environ
+    out = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
+        if not parts:
+            raise ConfigError(f"environment variable {name} names no key; expected e.g. {ENV_PREFIX}TRAINING__LR=1e-4")
+        _, value = parse_override(f"{'.'.join(parts)}={env[name]}")
+        out.append((name, _canonical(parts), value))
+    return out
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -245,8 +318,12 @@ def apply_override(data: dict, parts: list[str], value: Any) -> None:
     node[parts[-1]] = value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> NodeConfig:
-    """Load a NodeConfig from a YAML file (or defaults) and `section.key=value` overrides."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                environ: dict[str, str] | None = None) -> NodeConfig:
+    """Load a NodeConfig from a YAML file (or defaults), SWARM_NODE__* variables, and `section.key=value` overrides.
+
+    Later sources win: the file, then the environment (`environ`, default os.environ), then the overrides.
+    """
     data: dict = {}
     source = "defaults"
     if path is not None:
@@ -263,9 +340,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(loaded).__name__}")
         data = loaded
         source = str(p)
+        _resolve_aliases(data, source)
+    # precedence: file < environment < --set
+    env = env_overrides(environ)
+    for _name, parts, value in env:
+        apply_override(data, parts, value)
+    if env:
+        source += " + environment (" + ", ".join(name for name, _, _ in env) + ")"
     for ov in overrides or []:
         parts, value = parse_override(ov)
-        apply_override(data, parts, value)
+        apply_override(data, _canonical(parts), value)
     if overrides:
         source += " + overrides"
     try:

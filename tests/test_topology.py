@@ -1,4 +1,4 @@
-"""Graphs, Metropolis-Hastings mixing matrices and spectral gaps (swarm_node.topology)."""
+"""Graphs, Metropolis-Hastings mixing matrices and spectral gaps (swarm_node.gossip.topology)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 NAME = "bootstrap"
 HELP = "run a DHT-only bootstrap peer (prints its multiaddrs, serves until SIGINT/SIGTERM)"
@@ -28,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from swarm_node.commands import _preflight as check
     from swarm_node.config import SwarmConfig
     from swarm_node.swarm.dht import ensure_identity, kill_dht, record_refusals, start_dht
     from swarm_node.swarm.records import load_identity_key, make_validators
@@ -38,6 +40,11 @@ def run(args: argparse.Namespace) -> int:
         enabled=True, swarm_id=args.swarm[0], initial_peers=list(args.initial_peers), host_maddrs=list(args.host_maddrs),
         announce_maddrs=list(args.announce_maddrs), identity_path=args.identity, use_relay=not args.no_relay,
     )
+    check.peer_addresses(cfg.initial_peers, "--initial-peers entry")
+    check.listen_ports_free(cfg.host_maddrs, "--host-maddrs")
+    check.lock_identity(cfg.identity_path)
+    if args.maddrs_file:
+        check.writable_dir(Path(args.maddrs_file).expanduser().parent, "--maddrs-file directory")
     identity, tmp, created = ensure_identity(cfg.identity_path)
     validators = make_validators(list(args.swarm), load_identity_key(identity))
     stop = threading.Event()
@@ -49,8 +56,6 @@ def run(args: argparse.Namespace) -> int:
         for maddr in maddrs:
             print(maddr, flush=True)
         if args.maddrs_file:
-            from pathlib import Path
-
             out = Path(args.maddrs_file)
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp_file = out.with_suffix(out.suffix + ".tmp")

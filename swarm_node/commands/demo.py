@@ -132,10 +132,11 @@ def _run_arm(arm: str, args: argparse.Namespace, templates: list[Path], out: Pat
 def run(args: argparse.Namespace) -> int:
     import shutil
 
+    from swarm_node.commands._preflight import writable_dir
     from swarm_node.runs.report import write_report
 
     templates = [_resolve_peer(s) for s in args.peers]
-    out = args.out.resolve()
+    out = writable_dir(args.out, "--out").resolve()
     if out.exists():
         for arm in ("swarm", "alone", "configs", "bootstrap"):
             shutil.rmtree(out / arm, ignore_errors=True)

@@ -101,11 +101,8 @@ def load_model(
     is_local = local.is_dir()
     if not is_local and (local.exists() or path.startswith((".", "/", "~"))):
         raise UserFacingError(f"model path {path!r} is not a directory with a saved model")
-    if is_local and not any((local / f).is_file() for f in ("config.json", "adapter_config.json")):
-        raise UserFacingError(
-            f"{local} is not a model directory (no config.json or adapter_config.json); "
-            "pass a save_pretrained directory, a node state dir (swarm-node eval/export), or a preset name"
-        )
+    if is_local:
+        _check_model_dir(local)
     kwargs: dict[str, Any] = {}
     if not is_local and os.environ.get("HF_HUB_OFFLINE") == "1":
         kwargs["local_files_only"] = True
@@ -115,7 +112,7 @@ def load_model(
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=dt, **kwargs)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # transformers raises ValueError for an unknown or broken config
         if is_local:
             raise UserFacingError(f"could not load a model from {local}: {exc}") from exc
         raise UserFacingError(
@@ -145,6 +142,25 @@ def load_model(
         is_lora=is_lora,
         meta=meta,
     )
+
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def _check_model_dir(local: Path) -> None:
+    """A local directory must hold a saved model (or a peft adapter); otherwise say what is missing, not a
+    tokenizer library's error."""
+    if (local / "adapter_config.json").is_file():
+        return
+    missing = []
+    if not (local / "config.json").is_file():
+        missing.append("config.json")
+    if not any((local / f).is_file() for f in WEIGHT_FILES) and not any(local.glob("*.safetensors")):
+        missing.append("weights (model.safetensors or pytorch_model.bin)")
+    if missing:
+        raise UserFacingError(f"model path {str(local)!r} is not a model directory: it has no "
+                              f"{' and no '.join(missing)}; give a directory written by save_pretrained or "
+                              "`swarm-node make-model`, a node state dir (swarm-node eval/export), or a preset name")
 
 
 def wrap_lora(model: Any, lora: LoraConfig) -> Any:

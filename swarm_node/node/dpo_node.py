@@ -33,6 +33,8 @@ from swarm_node.node.progress import RoundProgress, dpo_round_line
 from swarm_node.node.stopping import StopFlag
 from swarm_node.tasks.preferences import node_preferences
 from swarm_node.training.dpo import DPOTrainer, HeldOut
+from swarm_node.training.lr_schedule import lr_factor
+from swarm_node.training.optim import set_lr
 from swarm_node.training.params import trainable_named
 
 log = logging.getLogger("swarm_node.dpo")
@@ -67,7 +69,7 @@ class DPONode:
         self.heldout = HeldOut(self.model, tok, self.data.heldout, d.max_length)
         self.arch_fp = arch_fingerprint(self.model)
         self.shapes = [p.shape for _, p in trainable_named(self.model)]
-        self.metrics = MetricsWriter(self.state_dir, cfg.metrics.prometheus_port)
+        self.metrics = MetricsWriter.from_config(self.state_dir, cfg, node_name=self.loaded.name)
         self.exchange = GossipExchange(d, None, self.arch_fp)
         self.allreduce: AllReduce | None = None
         self.rejects = mixing.RejectCounter()
@@ -134,6 +136,7 @@ class DPONode:
             self.round = ahead
 
     def close(self) -> None:
+        self.metrics.close()
         if self.allreduce is not None:
             self.allreduce.close()
             self.allreduce = None
@@ -149,6 +152,9 @@ class DPONode:
         d, swarm, r, t0 = self.cfg.dpo, self.exchange.swarm, self.round, time.time()
         if swarm:
             swarm.set_round(r)
+        t = self.cfg.training  # the shared lr schedule: training.lr_schedule / warmup_rounds, over DPO rounds
+        set_lr(self.trainer.optimizer, self.trainer.optimizer.defaults["lr"] *
+               lr_factor(t.lr_schedule, r, t.warmup_rounds, self.cfg.rounds))
         step = self.trainer.local_steps(d.local_steps)
         own = get_params(self.model)
         payload = encode_params(own, self.arch_fp, d.compression)
@@ -179,6 +185,7 @@ class DPONode:
         row = {
             "round": r,
             "dpo_loss": step.loss,
+            "lr": self.trainer.optimizer.param_groups[0]["lr"],
             "train_pref_acc": step.accuracy,
             **ev,
             "consensus_distance": res.consensus_distance,

@@ -38,6 +38,8 @@ from swarm_node.tasks import get_task
 from swarm_node.tasks.base import Task
 from swarm_node.training.groups import TrainGroup
 from swarm_node.training.grpo_step import GRPOTrainer
+from swarm_node.training.lr_schedule import lr_factor
+from swarm_node.training.optim import set_lr
 
 log = logging.getLogger("swarm_node.node")
 
@@ -75,7 +77,7 @@ class GRPONode:
         self.generator = make_generator(self.loaded, cfg.generation)
         self.trainer = GRPOTrainer(self.loaded.model, cfg.training, self.tok.pad_token_id,
                                    lr_default=self.loaded.default_lr(), temperature=cfg.generation.temperature)
-        self.metrics = MetricsWriter(self.state_dir, cfg.metrics.prometheus_port)
+        self.metrics = MetricsWriter.from_config(self.state_dir, cfg, node_name=self.loaded.name)
         self.round = 0
         self.saved_round = 0  # round 0 = the model as loaded; never worth a checkpoint
         self.swarm = None
@@ -216,6 +218,9 @@ class GRPONode:
         gen_s = time.perf_counter() - t0
         external, swarm_info = self.exchange(local, r)
         t1 = time.perf_counter()
+        t = self.cfg.training
+        lr_now = self.trainer.lr * lr_factor(t.lr_schedule, r - 1, t.warmup_rounds, self.cfg.rounds)
+        set_lr(self.trainer.optimizer, lr_now)
         try:
             res = self.trainer.step(local.train_groups() + external)
         except torch.OutOfMemoryError:
@@ -245,7 +250,7 @@ class GRPONode:
             "truncated_frac_external": res.truncated_frac_external,
             "divergence_external": res.mean_divergence_external,
             "grad_norm": res.grad_norm,
-            "lr": res.lr,
+            "lr": lr_now,
             "stepped": res.stepped,
             "tokens_per_s": local.tokens() / gen_s if gen_s > 0 else None,
             "gen_s": round(gen_s, 4),
@@ -300,5 +305,6 @@ def run_grpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> 
     finally:
         progress.close()
         node.close()
+        node.metrics.close()
         stop.restore()
     return 0

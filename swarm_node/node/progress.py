@@ -50,8 +50,31 @@ def dpo_round_line(name: str, row: dict, total: int | None = None) -> str:
     return " | ".join(parts)
 
 
+class _ConsoleHandler(logging.Handler):
+    """Writes log lines through the rich console that draws the progress bar, so they print above it.
+
+    A plain StreamHandler writes to the terminal behind rich's back, and the next redraw of the bar
+    overwrites the line it just wrote.
+    """
+
+    def __init__(self, console, formatter: logging.Formatter | None, level: int) -> None:
+        super().__init__(level)
+        self.console = console
+        if formatter is not None:
+            self.setFormatter(formatter)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.console.print(self.format(record), markup=False, highlight=False, emoji=False, soft_wrap=True)
+        except Exception:  # logging must never crash the node
+            self.handleError(record)
+
+
 class RoundProgress:
     """Logs each round; on an interactive terminal also keeps a rich progress bar at the bottom.
+
+    While the bar is shown, the root logger's terminal handlers are replaced by one that prints through the
+    bar's console (lines scroll above the bar), and put back on close.
 
     `describe` makes the log line of a metrics row (`round_line` for GRPO, `dpo_round_line` for DPO);
     `accuracy_key` names the row's held-out accuracy shown on the bar.
@@ -64,13 +87,25 @@ class RoundProgress:
         self.describe = describe
         self.accuracy_key = accuracy_key
         self._progress = None
+        self._swapped: list[tuple[logging.Handler, logging.Handler]] = []
         if sys.stderr.isatty():
+            from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                                      TimeElapsedColumn(), transient=True)
+                                      TimeElapsedColumn(), transient=True, console=Console(stderr=True))
             self._task = self._progress.add_task(name, total=total, info="starting")
+            self._route_logs(self._progress.console)
             self._progress.start()
+
+    def _route_logs(self, console) -> None:
+        root = logging.getLogger()
+        for h in list(root.handlers):
+            if type(h) is logging.StreamHandler and getattr(h, "stream", None) in (sys.stderr, sys.stdout):
+                repl = _ConsoleHandler(console, h.formatter, h.level)
+                root.removeHandler(h)
+                root.addHandler(repl)
+                self._swapped.append((h, repl))
 
     def update(self, row: dict) -> None:
         log.info(self.describe(self.name, row, self.total))
@@ -85,3 +120,8 @@ class RoundProgress:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+        root = logging.getLogger()
+        for original, repl in self._swapped:
+            root.removeHandler(repl)
+            root.addHandler(original)
+        self._swapped = []
