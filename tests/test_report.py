@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from swarm_node.runs.report import load_run, rolling
 
 from swarm_node.cli import main
 from swarm_node.node.metrics import MetricsWriter
+from swarm_node.runs.report import load_run, rolling
 
 
 def grpo_rows(n: int, seed: int = 0) -> list[dict]:
