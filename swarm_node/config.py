@@ -122,7 +122,6 @@ class SwarmConfig(_Section):
                                   "heartbeat (rounds from the future)")
     buffer_batches: int = Field(16, ge=1, description="peers' batches held between rounds (one per peer; oldest evicted)")
     buffer_bytes: int = Field(256 * 2**20, ge=1024, description="bytes of peers' batches held between rounds")
-    pipeline: bool = Field(False, description="generate round r+1 while round r trains (samples one version stale)")
     heartbeat_s: float = Field(5.0, gt=0.0, description="membership record refresh period")
     record_ttl_s: float = Field(60.0, gt=0.0, description="membership / announcement expiry")
     trust_peer_rewards: bool = Field(False, description="use peers' claimed rewards (only for tasks this node cannot verify)")

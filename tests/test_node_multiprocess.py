@@ -29,7 +29,8 @@ PEERS = ROOT / "peers"
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 ROW_KEYS = ("round", "reward_mean", "loss", "local_groups", "external_groups", "filtered", "tokens_per_s", "gen_s",
             "train_s", "eval_accuracy", "rejected", "bytes_in", "bytes_out", "external_groups_by_peer",
-            "rewards_overridden")
+            "rewards_overridden", "collect_s", "payload_bytes_out", "control_bytes_in", "control_bytes_out",
+            "batch_age_s_mean", "version_lag_mean", "buffer_evicted")
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +104,7 @@ LIAR = textwrap.dedent('''
     from swarm_node.swarm import PeerInfo, SwarmNode
     from swarm_node.tasks.arithmetic import ArithmeticTask
 
-    model_dir, maddr, swarm_id, out = sys.argv[1:5]
+    model_dir, maddr, swarm_id, out, role = sys.argv[1:6]  # role: "liar", or "stale" (honest, but old)
     tok = AutoTokenizer.from_pretrained(model_dir)
     task = ArithmeticTask()
     fp = tokenizer_fingerprint(tok)
@@ -116,15 +117,17 @@ LIAR = textwrap.dedent('''
         prompts = task.train_prompts(4, np.random.default_rng(1000 + r))
         ids = [tok(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
         samples = [[sample(p.answer), sample(str(int(p.answer) + 1)), sample(p.answer), sample("7")] for p in prompts]
-        rewards = [1.0 - r_ for r_ in score(task, tok, prompts, samples)]  # the lie: wrong=1, right=0
+        rewards = score(task, tok, prompts, samples)
+        if role == "liar":
+            rewards = [1.0 - r_ for r_ in rewards]  # the lie: wrong=1, right=0
         batch = LocalRollouts(prompts, ids, samples, rewards).to_batch(
-            swarm_id=swarm_id, task_id=task.task_id, tokenizer_fp=fp, model_name="liar", round_=r,
+            swarm_id=swarm_id, task_id=task.task_id, tokenizer_fp=fp, model_name=role, round_=r,
             vocab_size=len(tok))
         return encode_batch(batch)
 
     cfg = SwarmConfig(enabled=True, swarm_id=swarm_id, initial_peers=[maddr],
                       host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, record_ttl_s=8.0)
-    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="liar", tokenizer_fp=fp, task_id=task.task_id)).start()
+    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name=role, tokenizer_fp=fp, task_id=task.task_id)).start()
     open(out, "w").write(node.peer_id + "\\n")
     published = 0
     try:
@@ -133,7 +136,8 @@ LIAR = textwrap.dedent('''
             r = max(rounds, default=0) + 1
             if r > published:
                 node.set_round(r)
-                node.publish("batch", r, payload(r))
+                # the stale peer's batches say they were generated an hour ago (the age limit is 120 s)
+                node.publish("batch", r, payload(r), generated=time.time() - (3600 if role == "stale" else 0))
                 published = r
             time.sleep(0.3)
     except KeyboardInterrupt:
@@ -145,32 +149,40 @@ LIAR = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def swarm_run(presets, tmp_path_factory):
-    """Bootstrap + tiny-s, tiny-m, tiny-s LoRA + a lying peer, 5 rounds; yields what the tests inspect."""
+    """Bootstrap + tiny-s, tiny-m, tiny-s LoRA + a lying and a stale peer, 8 rounds; what the tests inspect.
+
+    The exchange is asynchronous: nodes do not wait for each other, so a node's first round may train
+    alone; 8 rounds leave every node time to receive every other's batches.
+    """
     tmp = tmp_path_factory.mktemp("grpo-swarm")
-    rounds = 5
+    rounds = 8
     swarm_id = "mp-test"
     boot = start_bootstrap(tmp / "bootstrap", swarm_id)
     ov = small(swarm_id, rounds, **{"swarm.max_peers_per_round": 3})
     peers = [make_peer(tmp, "tiny-s", "tiny-s", ov), make_peer(tmp, "tiny-m", "tiny-m", ov),
              make_peer(tmp, "tiny-s-lora", "tiny-s-lora", ov)]
     (tmp / "liar.py").write_text(LIAR)
-    liar_id_file = tmp / "liar.id"
-    liar = subprocess.Popen(
-        [sys.executable, str(tmp / "liar.py"), str(presets / "tiny-s"), boot.maddrs[0], swarm_id, str(liar_id_file)],
-        stdout=open(tmp / "liar.log", "w"), stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
+    liar_id_file, stale_id_file = tmp / "liar.id", tmp / "stale.id"
+    liar, stale = (subprocess.Popen(
+        [sys.executable, str(tmp / "liar.py"), str(presets / "tiny-s"), boot.maddrs[0], swarm_id, str(f), role],
+        stdout=open(tmp / f"{role}.log", "w"), stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
+        for f, role in ((liar_id_file, "liar"), (stale_id_file, "stale")))
     t0 = time.monotonic()
     try:
         for p in peers:
             p.start(boot.maddrs)
         codes = wait_all(peers, timeout_s=240)
         elapsed = time.monotonic() - t0
-        liar_alive = liar.poll() is None
+        liar_alive = liar.poll() is None and stale.poll() is None
         logs = "\n".join(log_tail(p) for p in peers) + "\n--- liar ---\n" + (tmp / "liar.log").read_text()[-3000:]
+        logs += "\n--- stale ---\n" + (tmp / "stale.log").read_text()[-3000:]
         yield {"peers": peers, "codes": codes, "elapsed": elapsed, "rounds": rounds, "logs": logs,
                "liar_alive": liar_alive, "liar_id": liar_id_file.read_text().strip() if liar_id_file.exists() else "",
+               "stale_id": stale_id_file.read_text().strip() if stale_id_file.exists() else "",
                "ids": {p.name: peer_id(p) for p in peers if p.log_path and p.log_path.exists()}}
     finally:
         stop_process(liar, grace_s=10)
+        stop_process(stale, grace_s=10)
         stop_all(peers, boot)
 
 
@@ -234,6 +246,20 @@ def test_lying_peer_is_overridden_not_trusted(swarm_run):
         assert overridden == 4 * from_liar, (p.name, overridden, from_liar)
 
 
+def test_batches_older_than_the_age_limit_are_not_trained_on(swarm_run):
+    stale_id = swarm_run["stale_id"]
+    assert stale_id and swarm_run["liar_alive"], swarm_run["logs"]
+    for p in swarm_run["peers"]:
+        rows = read_metrics(p.metrics)[1:]
+        from_stale = sum(v for r in rows for k, v in r["external_groups_by_peer"].items() if k.endswith(":stale"))
+        refused = sum(r["rejected"].get("swarm:stale_age", 0) for r in rows)
+        assert from_stale == 0, (p.name, [r["external_groups_by_peer"] for r in rows])
+        assert refused > 0, (p.name, [r["rejected"] for r in rows], swarm_run["logs"])
+        # what was trained on was young and few of its sender's versions behind
+        ages = [r["batch_age_s_max"] for r in rows if r.get("batch_age_s_max") is not None]
+        assert ages and max(ages) <= 120.0, (p.name, ages)
+
+
 def test_killed_peer_does_not_stall_the_others(presets, tmp_path):
     swarm_id = "mp-kill"
     boot = start_bootstrap(tmp_path / "bootstrap", swarm_id)
@@ -265,6 +291,66 @@ def test_killed_peer_does_not_stall_the_others(presets, tmp_path):
         assert after_s < remaining * (5.0 + 15.0) + 30, (after_s, remaining)
     finally:
         stop_all(everyone, boot)
+
+
+def _duty_cycle(pid: int, stop_event, stopped_s: float = 0.8, running_s: float = 0.2) -> None:
+    """Make a process a slow machine: SIGSTOP it 80% of the time (what tools/two-speed.sh does)."""
+    while not stop_event.is_set():
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(stopped_s)
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(running_s)
+
+
+def test_slow_then_stopped_peer_costs_the_fast_one_nothing(presets, tmp_path):
+    """A fast node beside a peer stopped 80% of the time, then all the time: it never waits for it.
+
+    Asserted as behaviour, not speed: the fast node's rounds never wait on peers (collect_s is the take
+    from the buffer), it keeps completing rounds while the peer is frozen, and it still trains on the
+    slow peer's groups when they come.
+    """
+    import threading
+
+    swarm_id = "mp-slow"
+    boot = start_bootstrap(tmp_path / "bootstrap", swarm_id)
+    rounds = 30
+    ov = small(swarm_id, rounds, **{"metrics.eval_every": 1000, "swarm.max_peers_per_round": 2})
+    fast = make_peer(tmp_path, "tiny-s", "fast", {**ov, "seed": 31})
+    slow = make_peer(tmp_path, "tiny-m", "slow", {**ov, "rounds": 1000, "seed": 32})
+    stop_cycle = threading.Event()
+    cycle = None
+    try:
+        for p in (fast, slow):
+            p.start(boot.maddrs)
+        wait_for_round(slow, 1, timeout_s=180)
+        start = wait_for_round(fast, 0, timeout_s=120)[-1]["round"]
+        slow_start = read_metrics(slow.metrics)[-1]["round"]
+        cycle = threading.Thread(target=_duty_cycle, args=(slow.proc.pid, stop_cycle), daemon=True)
+        cycle.start()
+        mid = min(start + 12, rounds - 6)
+        wait_for_round(fast, mid, timeout_s=240)
+        stop_cycle.set()
+        cycle.join()
+        os.kill(slow.proc.pid, signal.SIGSTOP)  # now frozen for good: it stops publishing mid-stream
+        slow_mid = read_metrics(slow.metrics)[-1]["round"]
+        codes = wait_all([fast], timeout_s=240)
+        logs = log_tail(fast) + "\n" + log_tail(slow)
+        assert codes == {"fast": 0}, (codes, logs)
+        rows = read_metrics(fast.metrics)[1:]
+        assert [r["round"] for r in rows] == list(range(1, rounds + 1))
+        assert max(r["collect_s"] for r in rows) < 1.0, [r["collect_s"] for r in rows]
+        # while the peer ran 20% of the time it completed far fewer rounds than the fast node
+        assert slow_mid - slow_start < (mid - start) / 2, (slow_start, slow_mid, start, mid)
+        from_slow = sum(v for r in rows for k, v in r["external_groups_by_peer"].items() if k.endswith(":tiny-m"))
+        assert from_slow > 0, ([r["external_groups_by_peer"] for r in rows], logs)
+        assert rows[-1]["round"] == rounds and read_metrics(slow.metrics)[-1]["round"] == slow_mid
+    finally:
+        stop_cycle.set()
+        if cycle is not None:
+            cycle.join()
+        if slow.proc is not None and slow.running():
+            os.kill(slow.proc.pid, signal.SIGCONT)
+        stop_all([fast, slow], boot)
 
 
 def test_sigterm_in_a_swarm_stops_after_the_round(presets, tmp_path):

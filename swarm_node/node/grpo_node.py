@@ -124,7 +124,9 @@ class GRPONode:
 
         info = PeerInfo(mode="grpo", model_name=self.loaded.name, tokenizer_fp=self.loaded.tokenizer_fp,
                         task_id=self.task.task_id)
-        self.swarm = SwarmNode(self.cfg.swarm, info, logger=logging.getLogger("swarm_node.swarm")).start()
+        self.swarm = SwarmNode(self.cfg.swarm, info, logger=logging.getLogger("swarm_node.swarm"))
+        self.swarm.set_accept(self._accepts_peer)  # before start: pushes and downloads only from usable peers
+        self.swarm.start()
         self.swarm.set_round(self.round)
         log.info("peer id %s; reachable at %s", self.swarm.peer_id, " ".join(self.swarm.visible_maddrs()))
 
@@ -151,8 +153,16 @@ class GRPONode:
                                           temperature=g.temperature, seed=self.cfg.seed * 1_000_003 + round_)
         return LocalRollouts(prompts, ids, samples, score(self.task, self.tok, prompts, samples))
 
-    def exchange(self, local: LocalRollouts, round_: int) -> tuple[list, dict]:
-        """Publish our batch, collect peers' batches; returns (external groups, per-round swarm stats)."""
+    def _accepts_peer(self, m) -> bool:
+        return m.mode == "grpo" and m.task_id == self.task.task_id and m.tokenizer_fp == self.loaded.tokenizer_fp
+
+    def exchange(self, local: LocalRollouts, round_: int, *, version: int | None = None,
+                 generated: float | None = None) -> tuple[list, dict]:
+        """Publish our batch, take peers' batches; returns (external groups, per-round swarm stats).
+
+        Async exchange (default): takes what has arrived since the last round, without waiting; nothing
+        arrived -> this round trains on its own groups only. Lockstep: waits up to collect_deadline_s.
+        """
         info: dict = {"external_by_peer": {}, "rejected": {}, "rewards_overridden": 0, "bytes_out": 0,
                       "bytes_in": 0, "peers_seen": 0, "collect_s": 0.0}
         if self.swarm is None:
@@ -167,36 +177,26 @@ class GRPONode:
                                round_=round_, vocab_size=self.loaded.vocab_size)
         payload = encode_batch(batch)
         self.swarm.set_round(round_)
-        self.swarm.publish("batch", round_, payload)
-        info["bytes_out"] = len(payload)
+        self.swarm.publish("batch", round_, payload, version=version, generated=generated)
         info["bytes_per_token"] = len(payload) / max(1, local.tokens())
-        t0 = time.perf_counter()
-
-        def accept(m) -> bool:
-            return m.mode == "grpo" and m.task_id == self.task.task_id and m.tokenizer_fp == self.loaded.tokenizer_fp
-
-        swarm_rejected_before = dict(self.swarm.stats().get("rejected", {}))
-        received = self.swarm.collect("batch", round_, k=sw.max_peers_per_round, staleness=sw.staleness_rounds,
-                                      deadline_s=sw.collect_deadline_s, accept=accept)
-        info["collect_s"] = time.perf_counter() - t0
-        rejected: Counter = Counter()
-        for reason, n in self.swarm.stats().get("rejected", {}).items():  # transport-level: timeouts, digests...
-            if n > swarm_rejected_before.get(reason, 0):
-                rejected[f"swarm:{reason}"] += n - swarm_rejected_before.get(reason, 0)
-        groups = []
-        for rec in received:
-            info["bytes_in"] += len(rec.payload)
+        intake = self.swarm.receive(sw.max_peers_per_round, accept=self._accepts_peer,
+                                    lockstep=sw.exchange == "lockstep", round=round_,
+                                    staleness=sw.staleness_rounds, deadline_s=sw.collect_deadline_s)
+        info["collect_s"] = intake.waited_s
+        rejected: Counter = Counter({f"swarm:{r}": n for r, n in intake.rejected.items()})
+        info.update(bytes_out=len(payload), bytes_in=intake.payload_bytes_in,  # published / downloaded
+                    payload_bytes_out=intake.payload_bytes_out, control_bytes_in=intake.control_bytes_in,
+                    control_bytes_out=intake.control_bytes_out, buffer_events=intake.events)
+        groups, ages, lags = [], [], []
+        for rec in intake.batches:
             try:
                 decoded = decode_batch(rec.payload, self.limits)
             except ProtocolError as exc:
                 rejected[f"protocol:{exc.reason}"] += 1
                 log.warning("rejected batch from %s: %s", rec.peer_id, exc)
                 continue
-            if decoded.round != rec.round:  # the payload must be what the signed announcement said
+            if decoded.round != rec.round:  # the payload must be what the announcement said
                 rejected["round_mismatch"] += 1
-                continue
-            if decoded.round < round_ - sw.staleness_rounds:
-                rejected["stale"] += 1
                 continue
             adm = admit_batch(decoded, rec.peer_id, self.task, self.tok, self.expect)
             rejected.update(adm.rejected)
@@ -204,19 +204,26 @@ class GRPONode:
             if adm.rejected:
                 log.warning("declined %s from %s", dict(adm.rejected), rec.peer_id)
             groups.extend(adm.groups)
+            if adm.groups:
+                ages.append(rec.age_s)
+                lags.append(rec.version_lag)
             name = rec.member.model_name if rec.member else ""
             key = f"{rec.peer_id[-8:]}:{name}" if name else rec.peer_id
             info["external_by_peer"][key] = info["external_by_peer"].get(key, 0) + len(adm.groups)
-        info["peers_seen"] = len(received)
+        info["peers_seen"] = len(intake.batches)
+        info["batch_age_s"] = ages
+        info["version_lag"] = lags
         info["rejected"] = dict(rejected)
         return groups, info
 
     def run_round(self) -> dict:
         r = self.round + 1
         t0 = time.perf_counter()
+        generated = time.time()
         local = self.generate(r)
         gen_s = time.perf_counter() - t0
-        external, swarm_info = self.exchange(local, r)
+        # policy version = rounds trained so far (the policy that sampled round r has seen r - 1 rounds)
+        external, swarm_info = self.exchange(local, r, version=self.round, generated=generated)
         t1 = time.perf_counter()
         t = self.cfg.training
         lr_now = self.trainer.lr * lr_factor(t.lr_schedule, r - 1, t.warmup_rounds, self.cfg.rounds)
@@ -265,6 +272,19 @@ class GRPONode:
         }
         if "bytes_per_token" in swarm_info:
             row["bytes_per_token"] = round(swarm_info["bytes_per_token"], 3)
+        if self.swarm is not None:  # the exchange's own costs this round (docs/architecture.md, "The exchange")
+            ages, lags = swarm_info["batch_age_s"], swarm_info["version_lag"]
+            row.update({
+                "payload_bytes_out": swarm_info["payload_bytes_out"],
+                "control_bytes_in": swarm_info["control_bytes_in"],
+                "control_bytes_out": swarm_info["control_bytes_out"],
+                "batch_age_s_mean": round(float(np.mean(ages)), 3) if ages else None,
+                "batch_age_s_max": round(float(max(ages)), 3) if ages else None,
+                "version_lag_mean": round(float(np.mean(lags)), 3) if lags else None,
+                "version_lag_max": int(max(lags)) if lags else None,
+                "buffer_evicted": swarm_info["buffer_events"].get("evicted", 0),
+                "buffer_superseded": swarm_info["buffer_events"].get("superseded", 0),
+            })
         if self.cfg.rounds and r >= self.cfg.rounds or r % self.cfg.metrics.eval_every == 0:
             ev = self.evaluate()
             row["eval_accuracy"] = ev["accuracy"]

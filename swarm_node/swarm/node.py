@@ -61,6 +61,7 @@ class Received:
     version: int = -1  # sender's policy version that generated the batch (-1: not announced)
     age_s: float = 0.0  # receiver's clock minus the sender's generation time, when taken
     version_lag: int = 0  # sender's newest announced version minus this batch's
+    arrived: float = 0.0  # unix time its download completed (arrived - generated: announcement to receipt)
 
 
 REFUSALS = ("too_large", "bad_time", "future_time", "bad_version", "future_round", "stale_age", "stale_version")
@@ -444,7 +445,7 @@ class SwarmNode:
         out = []
         for b, (age, lag) in zip(taken, self.intake.ages(taken), strict=True):
             o = b.offer
-            out.append(Received(o.peer_id, o.round, b.payload, o.info.get("member"), o.version, age, lag))
+            out.append(Received(o.peer_id, o.round, b.payload, o.info.get("member"), o.version, age, lag, b.arrived))
         return out
 
     def _count_others(self, accept) -> int:
