@@ -103,6 +103,8 @@ RUN set -eux; \
         OMP_NUM_THREADS=$PRESET_THREADS swarm-node make-model --preset "$preset" --out "$SWARM_NODE_PRESETS/$preset"; \
     done; \
     rm -rf /root/.cache
+# The node runs as `swarm`; make-model writes model.safetensors with mode 0600.
+RUN chmod -R a+rX "$SWARM_NODE_PRESETS"
 
 USER swarm
 WORKDIR /state

@@ -227,12 +227,27 @@ status_json() {
     2>>"$WORK/status.err"
 }
 
+# Fail at once when one of these services crashed (non-zero exit or a restart), instead of polling on.
+check_running() {
+  local s cid st
+  for s in "$@"; do
+    cid=$(cid_of "$s")
+    [ -n "$cid" ] || die "no container for $s"
+    st=$(docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}' "$cid")
+    case "$st" in
+      "running 0 0" | "exited 0 0") ;;
+      *) docker logs --tail 20 "$cid" 2>&1 | sed "s/^/  $s | /"; die "$s crashed (status exit-code restarts: $st)" ;;
+    esac
+  done
+}
+
 # Poll status until every expected model/peer count is listed at once (or the peers are gone).
 # $1 swarm id, $2 how many members, rest: the services whose containers must still be running.
 wait_for_members() {
   local swarm=$1 want=$2 end=$(( $(date +%s) + TIMEOUT_S )) out n
   shift 2
   while [ "$(date +%s)" -lt "$end" ]; do
+    check_running "$@"
     if out=$(status_json "$swarm") && n=$(printf '%s' "$out" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))' 2>/dev/null); then
       log "status --swarm $swarm: $n live member(s)"
       if [ "$n" -ge "$want" ]; then
