@@ -79,6 +79,7 @@ class GRPONode:
             vocab_size=self.loaded.vocab_size, trust_peer_rewards=cfg.swarm.trust_peer_rewards,
         )
         self.rejected_total: Counter = Counter()
+        self._swarm_rejected_seen: dict[str, int] = {}  # SwarmNode's running totals at the last row
         # groups from an in-process source instead of the swarm (off-policy experiments, benchmarks)
         self.external_source: Callable[[int], list[TrainGroup]] | None = None
 
@@ -168,14 +169,17 @@ class GRPONode:
         def accept(m) -> bool:
             return m.mode == "grpo" and m.task_id == self.task.task_id and m.tokenizer_fp == self.loaded.tokenizer_fp
 
-        swarm_rejected_before = dict(self.swarm.stats().get("rejected", {}))
         received = self.swarm.collect("batch", round_, k=sw.max_peers_per_round, staleness=sw.staleness_rounds,
                                       deadline_s=sw.collect_deadline_s, accept=accept)
         info["collect_s"] = time.perf_counter() - t0
         rejected: Counter = Counter()
-        for reason, n in self.swarm.stats().get("rejected", {}).items():  # transport-level: timeouts, digests...
-            if n > swarm_rejected_before.get(reason, 0):
-                rejected[f"swarm:{reason}"] += n - swarm_rejected_before.get(reason, 0)
+        # transport-level (timeouts, digests...), uploads we refused and DHT records our child refused,
+        # counted since the previous round's row, so refusals between two collects are not lost
+        swarm_rejected = dict(self.swarm.stats().get("rejected", {}))
+        for reason, n in swarm_rejected.items():
+            if n > self._swarm_rejected_seen.get(reason, 0):
+                rejected[f"swarm:{reason}"] += n - self._swarm_rejected_seen.get(reason, 0)
+        self._swarm_rejected_seen = swarm_rejected
         groups = []
         for rec in received:
             info["bytes_in"] += len(rec.payload)
