@@ -140,3 +140,47 @@ def test_an_attackers_dht_cannot_bloat_or_poison_a_nodes_storage(tmp_path) -> No
     finally:
         attacker.shutdown()
         node.close()
+
+
+async def _never_answers(_dht, _node) -> None:
+    import asyncio
+
+    await asyncio.sleep(3600)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_call_pending_when_the_dht_child_dies_ends_at_once() -> None:
+    """Hole 8: a call waiting on a SIGKILLed child used to block its thread (the heartbeat) for the full
+    10 s call timeout before the death was noticed; now it fails with ConnectionError as soon as the child is gone."""
+    import os
+    import signal
+    import threading
+
+    cfg = SwarmConfig(enabled=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, record_ttl_s=30.0,
+                      bootstrap_retries=1, bootstrap_timeout_s=5.0)
+    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x")).start()
+    outcome: dict = {}
+
+    def call() -> None:
+        t0 = time.monotonic()
+        try:
+            node._dht_call("run_coroutine", _never_answers)
+        except Exception as exc:
+            outcome["error"] = type(exc)
+        outcome["s"] = time.monotonic() - t0
+
+    try:
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(0.5)
+        os.kill(node._dht.pid, signal.SIGKILL)
+        caller.join(30)
+        assert outcome["error"] is ConnectionError  # not TimeoutError after DHT_CALL_TIMEOUT_S
+        deadline = time.monotonic() + 30
+        while node.stats()["dht_restarts"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert node.stats()["dht_restarts"] == 1
+        print(f"\npending call ended {outcome['s'] - 0.5:.2f}s after the kill")
+    finally:
+        node.close()

@@ -31,7 +31,15 @@ from swarm_node.node.checkpoint import (
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress
-from swarm_node.node.rollouts import Expectations, LocalRollouts, admit_batch, score
+from swarm_node.node.rollouts import (
+    Expectations,
+    LocalRollouts,
+    LogprobAudit,
+    ReplayWindow,
+    admit_batch,
+    cap_share,
+    score,
+)
 from swarm_node.node.stopping import StopFlag
 from swarm_node.protocol import DecodeLimits, ProtocolError, decode_batch, encode_batch
 from swarm_node.tasks import get_task
@@ -86,6 +94,8 @@ class GRPONode:
             swarm_id=cfg.swarm.swarm_id, task_id=self.task.task_id, tokenizer_fp=self.loaded.tokenizer_fp,
             vocab_size=self.loaded.vocab_size, trust_peer_rewards=cfg.swarm.trust_peer_rewards,
         )
+        self.replay = ReplayWindow(window=cfg.swarm.staleness_rounds + 2)  # hole 5: a completion counts once
+        self.audit = LogprobAudit(cap=cfg.training.cap)  # hole 6: claimed log-probs against our recompute
         # groups from an in-process source instead of the swarm (off-policy experiments, benchmarks)
         self.external_source: Callable[[int], list[TrainGroup]] | None = None
 
@@ -178,6 +188,7 @@ class GRPONode:
         payload = encode_batch(batch)
         self.swarm.set_round(round_)
         self.swarm.publish("batch", round_, payload, version=version, generated=generated)
+        self.replay.remember(round_, local.train_groups())  # our own samples sent back to us count once
         info["bytes_per_token"] = len(payload) / max(1, local.tokens())
         intake = self.swarm.receive(sw.max_peers_per_round, accept=self._accepts_peer,
                                     lockstep=sw.exchange == "lockstep", round=round_,
@@ -203,6 +214,17 @@ class GRPONode:
             info["rewards_overridden"] += adm.rewards_changed
             if adm.rejected:
                 log.warning("declined %s from %s", dict(adm.rejected), rec.peer_id)
+            adm.groups, dup = self.replay.admit(round_, adm.groups)
+            rejected.update(dup)
+            adm.groups, capped = cap_share(adm.groups, self.cfg.task.prompts_per_round)
+            if capped:
+                rejected["share_capped"] += capped
+            if adm.groups:
+                ok, stat, limit = self.audit.judge(adm.groups, self.trainer.completion_logprobs(adm.groups))
+                if not ok:
+                    rejected["logprob_outlier"] += 1
+                    log.warning("declined batch from %s: mean capped weight %.3f > %.3f", rec.peer_id, stat, limit)
+                    continue
             groups.extend(adm.groups)
             if adm.groups:
                 ages.append(rec.age_s)

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 REJECT_REASONS_EXPORTED = frozenset({
     "swarm_mismatch", "task_mismatch", "tokenizer_mismatch", "vocab_mismatch", "unknown_prompt",
     "prompt_mismatch", "group_too_small", "duplicate_group", "reward_out_of_range", "stale", "round_mismatch",
-    "oom_external",
+    "oom_external", "duplicate_completion", "replayed_group", "share_capped", "logprob_outlier",
 })
 
 

@@ -178,6 +178,27 @@ def kill_orphan_p2pd(socket_path: str) -> None:
                 pass
 
 
+DEATH_POLL_S = 0.1
+
+
+def wait_dht_result(dht: hivemind.DHT, future, timeout: float):
+    """future.result(timeout) for a call into the DHT child, but raise at once if the child dies.
+
+    A SIGKILLed child never answers, so a plain result(timeout) held the heartbeat thread for the whole
+    timeout (10 s) before it could notice the death and restart the child: recovery took ~12 s instead
+    of ~1 s whenever the kill landed during a call.
+    """
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            return future.result(min(DEATH_POLL_S, max(end - time.monotonic(), 0.0)))
+        except TimeoutError:
+            if not dht.is_alive():
+                raise ConnectionError("the DHT child died during the call") from None
+            if time.monotonic() >= end:
+                raise
+
+
 async def _read_refusals(_dht, _node) -> dict[str, int]:
     from swarm_node.swarm.records import REFUSALS
 

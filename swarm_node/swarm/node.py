@@ -30,7 +30,7 @@ from hivemind.utils.serializer import MSGPackSerializer
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import announce as A
 from swarm_node.swarm import records as R
-from swarm_node.swarm.dht import RefusalTally, ensure_identity, kill_dht, start_dht
+from swarm_node.swarm.dht import RefusalTally, ensure_identity, kill_dht, start_dht, wait_dht_result
 from swarm_node.swarm.intake import Freshness, Intake, Offer
 from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.swarm.transfer import HANDLER, TransferError, download, make_handler, with_deadline
@@ -592,8 +592,9 @@ class SwarmNode:
 
     def _dht_call(self, method: str, *args, **kwargs):
         with self._dht_lock:
-            future = getattr(self._require_dht(), method)(*args, return_future=True, **kwargs)
-        return future.result(DHT_CALL_TIMEOUT_S)
+            dht = self._require_dht()
+            future = getattr(dht, method)(*args, return_future=True, **kwargs)
+        return wait_dht_result(dht, future, DHT_CALL_TIMEOUT_S)  # ends early if the child dies
 
     def _attach_p2p(self) -> None:
         async def attach():
