@@ -370,7 +370,8 @@ def test_slow_then_stopped_peer_costs_the_fast_one_nothing(presets, tmp_path):
         assert codes == {"fast": 0}, (codes, logs)
         rows = read_metrics(fast.metrics)[1:]
         assert [r["round"] for r in rows] == list(range(1, rounds + 1))
-        assert max(r["collect_s"] for r in rows) < 1.0, [r["collect_s"] for r in rows]
+        # (the first round after joining waits once for the peers' first batches; never again)
+        assert max(r["collect_s"] for r in rows[1:]) < 1.0, [r["collect_s"] for r in rows]
         # while the peer ran 20% of the time it completed far fewer rounds than the fast node
         assert slow_mid - slow_start < (mid - start) / 2, (slow_start, slow_mid, start, mid)
         from_slow = sum(v for r in rows for k, v in r["external_groups_by_peer"].items() if k.endswith(":tiny-m"))
