@@ -37,21 +37,23 @@ WORKER = r"""
 import json, os, sys, time
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import PeerInfo, SwarmNode
-boot, out, t_start, t_end, round_s, nbytes, k, fanout, idx = sys.argv[1:10]
-t_start, t_end, round_s, nbytes, k, fanout = float(t_start), float(t_end), float(round_s), int(nbytes), int(k), int(fanout)
+boot, out, go, round_s, nbytes, k, fanout, idx = sys.argv[1:9]
+round_s, nbytes, k, fanout = float(round_s), int(nbytes), int(k), int(fanout)
 cfg = SwarmConfig(enabled=True, swarm_id="scale", initial_peers=[boot], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                   max_peers_per_round=k, push_fanout=fanout, bootstrap_retries=10, bootstrap_timeout_s=60)
 node = SwarmNode(cfg, PeerInfo("grpo", f"synthetic-{idx}", "tok", "synthetic")).start()
-rows, r = [], 0
 with open(out + ".ready", "w") as f:
     f.write(node.peer_id)
-while time.time() < t_end:
+rows, r, window = [], 0, None
+while window is None or time.time() < window[1]:
+    if window is None and os.path.exists(go):  # every peer has joined: the window is set
+        window = json.load(open(go))
     r += 1
     t0 = time.time()
     node.publish("batch", r, os.urandom(nbytes))
     got = node.receive(k)
     taken = time.time()
-    if t0 >= t_start:  # latency: download complete minus the sender's generation time (taken - age)
+    if window is not None and window[0] <= t0 < window[1]:  # latency: receipt minus the sender's generation
         rows.append({"t": t0, "batches": len(got.batches), "payload_in": got.payload_bytes_in,
                      "payload_out": got.payload_bytes_out, "control_in": got.control_bytes_in,
                      "control_out": got.control_bytes_out,
@@ -81,25 +83,28 @@ def run_size(n: int, args: argparse.Namespace, work: Path) -> dict:
     procs = []
     try:
         maddr = boot.stdout.readline().strip()
-        t_launch = time.time()
-        join = args.join_s_per_node * n + 10
-        t_start = t_launch + join + args.warmup_s
-        t_end = t_start + args.measure_s
+        go = d / "go.json"
         for i in range(n):
             procs.append(subprocess.Popen(
-                [sys.executable, "-c", WORKER, maddr, str(d / f"w{i}.json"), str(t_start), str(t_end),
-                 str(args.round_s), str(args.batch_bytes), str(args.k), str(args.fanout), str(i)],
+                [sys.executable, "-c", WORKER, maddr, str(d / f"w{i}.json"), str(go), str(args.round_s),
+                 str(args.batch_bytes), str(args.k), str(args.fanout), str(i)],
                 stdout=subprocess.DEVNULL, stderr=open(d / f"w{i}.err", "w"), env=env))
-            time.sleep(args.join_s_per_node * 0.5)
-        while time.time() < t_start:
-            time.sleep(0.2)
+            time.sleep(args.join_s_per_node)
+        t_join = time.time()
+        while sum((d / f"w{i}.json.ready").exists() for i in range(n)) < n and time.time() < t_join + args.join_timeout_s:
+            time.sleep(0.5)
         joined = sum((d / f"w{i}.json.ready").exists() for i in range(n))
+        t_start = time.time() + args.warmup_s
+        t_end = t_start + args.measure_s
+        go.write_text(json.dumps([t_start, t_end]))
+        while time.time() < t_start:
+            time.sleep(0.1)
         b0 = lo_bytes()
         while time.time() < t_end:
-            time.sleep(0.2)
+            time.sleep(0.1)
         b1 = lo_bytes()
         for p in procs:
-            p.wait(timeout=120)
+            p.wait(timeout=300)
         results = [json.loads((d / f"w{i}.json").read_text()) for i in range(n) if (d / f"w{i}.json").exists()]
     finally:
         for p in procs:
@@ -115,7 +120,7 @@ def run_size(n: int, args: argparse.Namespace, work: Path) -> dict:
     payload = sum(r["payload_in"] for r in rows)
     control_app = sum(r["control_in"] + r["control_out"] for r in rows)
     lat = sorted(x for r in rows for x in r["lat"])
-    per_node_round_s = [args.measure_s / len(w["rows"]) for w in results if w["rows"]]
+    per_node_round_s = [args.measure_s / len(w["rows"]) for w in results if w["rows"]]  # rounds pace themselves
     lo = b1 - b0
     out = {
         "n": n,
@@ -145,7 +150,8 @@ def main() -> int:
     ap.add_argument("--fanout", type=int, default=4, help="push fanout F")
     ap.add_argument("--warmup-s", type=float, default=20.0)
     ap.add_argument("--measure-s", type=float, default=60.0)
-    ap.add_argument("--join-s-per-node", type=float, default=1.5)
+    ap.add_argument("--join-s-per-node", type=float, default=1.0, help="stagger between peer starts")
+    ap.add_argument("--join-timeout-s", type=float, default=300.0, help="give up waiting for peers to join")
     ap.add_argument("--quick", action="store_true", help="4 and 8 peers, short windows")
     ap.add_argument("--no-netns", dest="netns", action="store_false", help="do not isolate loopback")
     ap.add_argument("--json", type=Path, default=None)

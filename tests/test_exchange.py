@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from swarm_node.swarm.intake import Freshness, Intake, Offer
 
 SHA = "0" * 64
@@ -130,3 +132,51 @@ def test_lockstep_min_round_keeps_older_batches():
     _deliver(intake, _offer("a", 3, generated=clock.t))
     assert intake.count_ready(min_round=4) == 0 and intake.take(2, min_round=4)[0] == []
     assert intake.count_ready(min_round=3) == 1
+
+
+# ---- the same rules through real pushes between two SwarmNodes on 127.0.0.1 ----
+
+
+def _wait(pred, timeout=30.0):
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_pushed_batches_future_and_stale_refused_fresh_taken():
+    import os
+    import time
+
+    from swarm_node.config import SwarmConfig
+    from swarm_node.swarm import PeerInfo, SwarmNode
+
+    info = PeerInfo(mode="grpo", model_name="m", tokenizer_fp="tok", task_id="t")
+    base = dict(enabled=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, bootstrap_retries=1)
+    a = SwarmNode(SwarmConfig(**base), info).start()
+    b = SwarmNode(SwarmConfig(**base, initial_peers=a.visible_maddrs()), info).start()
+    try:
+        assert _wait(lambda: b.peer_id in a._view)  # a reads membership at its heartbeat
+        a.publish("batch", 10**12, os.urandom(500))  # a round from the future (issue 11, hole 4)
+        assert _wait(lambda: b.stats()["rejected"].get("future_round", 0) >= 1), b.stats()
+        a.publish("batch", 5, os.urandom(500), generated=time.time() - 1000)  # older than the 120 s limit
+        assert _wait(lambda: b.stats()["rejected"].get("stale_age", 0) >= 1), b.stats()
+        payload = os.urandom(800)
+        a.publish("batch", 6, payload)
+        assert _wait(lambda: b.intake.count_ready() == 1)
+        got = b.receive(4)
+        assert [(r.peer_id, r.round, r.version, r.payload) for r in got.batches] == [(a.peer_id, 6, 5, payload)]
+        assert 0 <= got.batches[0].age_s < 30 and got.batches[0].version_lag == 0
+        assert got.payload_bytes_in == 800 and got.control_bytes_in > 0
+        assert got.rejected.get("future_round", 0) >= 1 and got.rejected.get("stale_age", 0) >= 1  # (heartbeats re-push)
+        assert b.receive(4).batches == []  # nothing new: an empty round, at once
+        assert b.intake.snapshot()["peers"] == 1  # the future round left no state behind
+    finally:
+        b.close()
+        a.close()

@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 
 from swarm_node.node.metrics import read_metrics
-from swarm_node.runs.local_swarm import Peer, child_env, start_bootstrap, stop_process, write_peer_config
+from swarm_node.runs.local_swarm import (
+    Peer,
+    child_env,
+    start_bootstrap,
+    stop_process,
+    stop_processes,
+    write_peer_config,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test may build the presets
 
@@ -39,7 +46,7 @@ def presets(presets_dir: Path) -> Path:
     return presets_dir
 
 
-def small(swarm_id: str, rounds: int, **extra) -> dict:
+def small(swarm_id: str, rounds: int | None, **extra) -> dict:
     """Overrides that keep a round to a second or two on 2 cores."""
     return {"rounds": rounds, "task.prompts_per_round": 4, "task.eval_n": 50, "metrics.eval_every": 2,
             "checkpoint.every_rounds": 100, "swarm.swarm_id": swarm_id, "swarm.host_maddrs": LOOPBACK,
@@ -147,18 +154,42 @@ LIAR = textwrap.dedent('''
 ''')
 
 
+def _groups_by_peer(rows: list[dict]) -> dict[str, int]:
+    seen: dict[str, int] = {}
+    for r in rows[1:]:
+        for k, v in r["external_groups_by_peer"].items():
+            seen[k] = seen.get(k, 0) + v
+    return seen
+
+
+def _all_shared(peers: list[Peer], rounds: int) -> bool:
+    """Each peer has done `rounds` rounds and trained on every other peer's groups."""
+    names = {p.name for p in peers}
+    for p in peers:
+        rows = read_metrics(p.metrics) if p.metrics.exists() else []
+        if len(rows) <= rounds:
+            return False
+        got = {k.split(":", 1)[1] for k, v in _groups_by_peer(rows).items() if v > 0 and ":" in k}
+        if not (names - {p.name}) <= got:
+            return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def swarm_run(presets, tmp_path_factory):
-    """Bootstrap + tiny-s, tiny-m, tiny-s LoRA + a lying and a stale peer, 8 rounds; what the tests inspect.
+    """Bootstrap + tiny-s, tiny-m, tiny-s LoRA + a lying and a stale peer; what the tests inspect.
 
-    The exchange is asynchronous: nodes do not wait for each other, so a node's first round may train
-    alone; 8 rounds leave every node time to receive every other's batches.
+    The exchange is asynchronous: nodes do not wait for each other, and a node that starts early may
+    finish many rounds before a late one publishes. So the nodes run until stopped, and the fixture
+    stops them (SIGTERM: finish the round, checkpoint, exit 0) once each has done `rounds` rounds and
+    trained on every other honest node's groups, or after a timeout (the tests then fail on what is
+    missing).
     """
     tmp = tmp_path_factory.mktemp("grpo-swarm")
     rounds = 8
     swarm_id = "mp-test"
     boot = start_bootstrap(tmp / "bootstrap", swarm_id)
-    ov = small(swarm_id, rounds, **{"swarm.max_peers_per_round": 3})
+    ov = small(swarm_id, None, **{"swarm.max_peers_per_round": 3})
     peers = [make_peer(tmp, "tiny-s", "tiny-s", ov), make_peer(tmp, "tiny-m", "tiny-m", ov),
              make_peer(tmp, "tiny-s-lora", "tiny-s-lora", ov)]
     (tmp / "liar.py").write_text(LIAR)
@@ -171,7 +202,12 @@ def swarm_run(presets, tmp_path_factory):
     try:
         for p in peers:
             p.start(boot.maddrs)
-        codes = wait_all(peers, timeout_s=240)
+        end = time.monotonic() + 300
+        while time.monotonic() < end and all(p.running() for p in peers):
+            if all(p.log_path.exists() for p in peers) and _all_shared(peers, rounds):
+                break
+            time.sleep(1.0)
+        codes = dict(zip([p.name for p in peers], stop_processes([p.proc for p in peers], grace_s=60), strict=True))
         elapsed = time.monotonic() - t0
         liar_alive = liar.poll() is None and stale.poll() is None
         logs = "\n".join(log_tail(p) for p in peers) + "\n--- liar ---\n" + (tmp / "liar.log").read_text()[-3000:]
@@ -191,11 +227,8 @@ def test_every_node_completes_and_trains_on_both_others(swarm_run):
     ids = swarm_run["ids"]
     for p in swarm_run["peers"]:
         rows = read_metrics(p.metrics)
-        assert [r["round"] for r in rows] == list(range(swarm_run["rounds"] + 1)), p.name
-        seen: dict[str, int] = {}
-        for r in rows[1:]:
-            for k, v in r["external_groups_by_peer"].items():
-                seen[k] = seen.get(k, 0) + v
+        assert [r["round"] for r in rows] == list(range(len(rows))) and len(rows) > swarm_run["rounds"], p.name
+        seen = _groups_by_peer(rows)
         for other in swarm_run["peers"]:
             if other is p:
                 continue
@@ -217,11 +250,10 @@ def test_metrics_rows_are_complete(swarm_run):
             assert r["local_groups"] + r["external_groups"] + r["zero_advantage_groups"] == 4 + admitted, r
             assert r["local_groups"] <= 4 and r["external_groups"] <= admitted
             assert r["gen_s"] > 0 and r["train_s"] > 0 and r["tokens_per_s"] > 0
-            assert r["bytes_out"] > 0
-            assert r["bytes_in"] > 0 or admitted == 0, r  # what was trained on was downloaded this round
+            assert r["bytes_out"] > 0  # bytes_in is checked over the run below: downloads run between rounds
             assert isinstance(r["rejected"], dict)
             assert r["loss"] is None or isinstance(r["loss"], float)
-            if r["round"] % 2 == 0 or r["round"] == swarm_run["rounds"]:  # eval_every=2, and the last round
+            if r["round"] % 2 == 0:  # eval_every=2 (runs until stopped: no last-round eval)
                 assert 0.0 <= r["eval_accuracy"] <= 1.0, (p.name, r)
             else:
                 assert r["eval_accuracy"] is None
@@ -338,7 +370,8 @@ def test_slow_then_stopped_peer_costs_the_fast_one_nothing(presets, tmp_path):
         assert codes == {"fast": 0}, (codes, logs)
         rows = read_metrics(fast.metrics)[1:]
         assert [r["round"] for r in rows] == list(range(1, rounds + 1))
-        assert max(r["collect_s"] for r in rows) < 1.0, [r["collect_s"] for r in rows]
+        # (the first round after joining waits once for the peers' first batches; never again)
+        assert max(r["collect_s"] for r in rows[1:]) < 1.0, [r["collect_s"] for r in rows]
         # while the peer ran 20% of the time it completed far fewer rounds than the fast node
         assert slow_mid - slow_start < (mid - start) / 2, (slow_start, slow_mid, start, mid)
         from_slow = sum(v for r in rows for k, v in r["external_groups_by_peer"].items() if k.endswith(":tiny-m"))

@@ -89,6 +89,7 @@ class GRPONode:
         self.round = 0
         self.saved_round = 0  # round 0 = the model as loaded; never worth a checkpoint
         self.swarm = None
+        self.first_exchange = False
         self.limits = receive_limits(cfg)
         self.expect = Expectations(
             swarm_id=cfg.swarm.swarm_id, task_id=self.task.task_id, tokenizer_fp=self.loaded.tokenizer_fp,
@@ -138,6 +139,7 @@ class GRPONode:
         self.swarm.set_accept(self._accepts_peer)  # before start: pushes and downloads only from usable peers
         self.swarm.start()
         self.swarm.set_round(self.round)
+        self.first_exchange = True
         log.info("peer id %s; reachable at %s", self.swarm.peer_id, " ".join(self.swarm.visible_maddrs()))
 
     def close(self) -> None:
@@ -171,7 +173,8 @@ class GRPONode:
         """Publish our batch, take peers' batches; returns (external groups, per-round swarm stats).
 
         Async exchange (default): takes what has arrived since the last round, without waiting; nothing
-        arrived -> this round trains on its own groups only. Lockstep: waits up to collect_deadline_s.
+        arrived -> this round trains on its own groups only (except the first round after joining, which
+        waits once for the live peers' first batches). Lockstep: waits up to collect_deadline_s.
         """
         info: dict = {"external_by_peer": {}, "rejected": {}, "rewards_overridden": 0, "bytes_out": 0,
                       "bytes_in": 0, "peers_seen": 0, "collect_s": 0.0}
@@ -190,9 +193,13 @@ class GRPONode:
         self.swarm.publish("batch", round_, payload, version=version, generated=generated)
         self.replay.remember(round_, local.train_groups())  # our own samples sent back to us count once
         info["bytes_per_token"] = len(payload) / max(1, local.tokens())
+        # The first round after joining waits (up to the deadline) for the first batches of the live peers
+        # it sees, so a swarm started together shares from its first round; after that, async never waits.
+        first, self.first_exchange = self.first_exchange, False
         intake = self.swarm.receive(sw.max_peers_per_round, accept=self._accepts_peer,
-                                    lockstep=sw.exchange == "lockstep", round=round_,
-                                    staleness=sw.staleness_rounds, deadline_s=sw.collect_deadline_s)
+                                    lockstep=sw.exchange == "lockstep" or first, round=round_,
+                                    staleness=round_ if first else sw.staleness_rounds,
+                                    deadline_s=sw.collect_deadline_s)
         info["collect_s"] = intake.waited_s
         rejected: Counter = Counter({f"swarm:{r}": n for r, n in intake.rejected.items()})
         info.update(bytes_out=len(payload), bytes_in=intake.payload_bytes_in,  # published / downloaded

@@ -69,6 +69,7 @@ REFUSALS = ("too_large", "bad_time", "future_time", "bad_version", "future_round
 EVENTS = ("evicted", "superseded", "duplicate", "declined")
 """Intake events that are not a peer's fault (counted on their own)."""
 MAX_DOWNLOADS = 4
+MAX_VIEW = 4096  # peers we may push to (membership + pushers); the intake keeps state for as many
 PUSH_TIMEOUT_S = 5.0
 
 
@@ -360,8 +361,9 @@ class SwarmNode:
         first = False
         with self._view_lock:
             if peer_id not in self._view:
-                first = True
-            self._view[peer_id] = member
+                first = len(self._view) < MAX_VIEW  # a flood of fresh identities does not grow the view
+            if first or peer_id in self._view:
+                self._view[peer_id] = member
         offer = Offer(peer_id=peer_id, round=ann.round, version=ann.version, generated=ann.generated,
                       size=ann.size, sha256=ann.sha256, info={"member": member})
         verdict, to_fetch = self.intake.offer(offer)
@@ -432,7 +434,7 @@ class SwarmNode:
             self._refresh_view()  # lockstep waits for every live peer, so it needs today's membership
             with self.intake.cond:
                 while not self._closed:
-                    want = min(k, max(self._count_others(accept), 1))
+                    want = min(k, self._count_others(accept))  # nobody else live: nothing to wait for
                     if self.intake.count_ready(ok, min_round=min_round) >= want:
                         break
                     left = end - time.monotonic()
