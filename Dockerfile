@@ -113,6 +113,6 @@ VOLUME ["/state"]
 # Healthy when `swarm-node status` reaches the bootstrap named in $SWARM_NODE_BOOTSTRAP_FILE and, for a
 # node with $SWARM_NODE_IDENTITY set, lists this node's own peer id. Without a bootstrap file it reports
 # healthy (a standalone node has no swarm to check). A status call costs a few CPU-seconds: keep it rare.
-HEALTHCHECK --interval=60s --timeout=45s --start-period=180s --retries=3 CMD ["swarm-node-healthcheck"]
+HEALTHCHECK --interval=120s --timeout=120s --start-period=180s --retries=3 CMD ["swarm-node-healthcheck"]
 
 CMD ["swarm-node", "--help"]
