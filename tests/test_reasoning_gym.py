@@ -77,6 +77,8 @@ def test_junk_ids_are_refused(mix, pid):
     ({"chain_sum": {"config": {"no_such_option": 1}}}, "reasoning-gym refused the config"),
     ({"chain_sum": {"config": {"min_terms": 5, "max_terms": 2}}}, "reasoning-gym refused the config"),
     ({"chain_sum": {"wieght": 2}}, r"expected \{weight"),
+    ({"chain_sum": {"template": "{metadata[nope]}="}}, "does not fit its entries"),
+    ({"chain_sum": {"template": 3}}, "template must be a non-empty string"),
     ([], "task.datasets is empty"),
     (["chain_sum", "chain_sum"], "names a dataset twice"),
     (["propositional_logic"], "propositional_logic"),
@@ -86,6 +88,18 @@ def test_bad_specs_are_one_line_errors(datasets, pattern):
     with pytest.raises(UserFacingError, match=pattern) as info:
         ReasoningGymTask(datasets)
     assert "\n" not in str(info.value)
+
+
+def test_template_makes_short_prompts_and_is_part_of_the_task():
+    task = ReasoningGymTask({"chain_sum": {"config": SMALL_SUM, "template": "{metadata[expression]} ="}})
+    plain = ReasoningGymTask({"chain_sum": {"config": SMALL_SUM}})
+    p = task.train_prompts(5, np.random.default_rng(0))
+    q = plain.train_prompts(5, np.random.default_rng(0))
+    assert [x.id.split(":")[2:] for x in p] == [x.id.split(":")[2:] for x in q]  # same problems
+    for a, b in zip(p, q, strict=True):
+        assert b.text.endswith(a.text) and len(a.text) < 12 and a.answer == b.answer
+        assert task.prompt_from_id(a.id) == a
+    assert task.task_id != plain.task_id
 
 
 def test_missing_datasets_key():

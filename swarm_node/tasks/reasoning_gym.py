@@ -39,6 +39,7 @@ class DatasetSpec:
     name: str
     weight: float = 1.0
     config: dict = field(default_factory=dict)
+    template: str | None = None  # prompt text from the entry, e.g. "{metadata[expression]} ="; None: the question
 
 
 def parse_datasets(datasets: Any) -> list[DatasetSpec]:
@@ -62,15 +63,19 @@ def parse_datasets(datasets: Any) -> list[DatasetSpec]:
         if not isinstance(name, str):
             raise UserFacingError(f"task.datasets: dataset names are strings, got {name!r}")
         opts = {} if opts is None else opts
-        if not isinstance(opts, dict) or set(opts) - {"weight", "config"}:
-            raise UserFacingError(f"task.datasets.{name}: expected {{weight: <number>, config: {{...}}}}, got {opts!r}")
+        if not isinstance(opts, dict) or set(opts) - {"weight", "config", "template"}:
+            raise UserFacingError(f"task.datasets.{name}: expected {{weight: <number>, config: {{...}}, "
+                                  f"template: <text>}}, got {opts!r}")
+        template = opts.get("template")
+        if template is not None and (not isinstance(template, str) or not template):
+            raise UserFacingError(f"task.datasets.{name}.template must be a non-empty string, got {template!r}")
         weight = opts.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
             raise UserFacingError(f"task.datasets.{name}.weight must be a positive number, got {weight!r}")
         config = opts.get("config") or {}
         if not isinstance(config, dict):
             raise UserFacingError(f"task.datasets.{name}.config must be a mapping, got {config!r}")
-        specs.append(DatasetSpec(name, float(weight), dict(config)))
+        specs.append(DatasetSpec(name, float(weight), dict(config), template))
     if len({s.name for s in specs}) != len(specs):
         raise UserFacingError("task.datasets names a dataset twice")
     return specs
@@ -92,7 +97,21 @@ def _make_dataset(spec: DatasetSpec, seed: int) -> Any:
     if not isinstance(entry.get("answer"), str) or not entry["answer"]:
         raise UserFacingError(f"task.datasets.{spec.name}: this dataset has no gold answer, so it cannot be "
                               "trained on with a verifiable reward")
+    if spec.template is not None:
+        try:
+            text = _render(spec.template, entry)
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise UserFacingError(f"task.datasets.{spec.name}.template {spec.template!r} does not fit its entries "
+                                  f"({exc.__class__.__name__}: {exc}; fields: question, metadata "
+                                  f"{sorted(entry.get('metadata', {}))})") from None
+        if not text.strip():
+            raise UserFacingError(f"task.datasets.{spec.name}.template gives an empty prompt")
     return ds
+
+
+def _render(template: str, entry: dict) -> str:
+    """A prompt from an entry: {question} and {metadata[key]} (the answer is not offered)."""
+    return template.format(question=entry["question"], metadata=entry.get("metadata", {}))
 
 
 def _hash_int(text: str) -> int:
@@ -107,7 +126,9 @@ class ReasoningGymTask(Task):
     def __init__(self, datasets: Any, seed: int = BASE_SEED) -> None:
         self.specs = parse_datasets(datasets)
         self.seed = seed
-        spec_blob = json.dumps([[s.name, s.weight, s.config] for s in self.specs] + [seed], sort_keys=True)
+        spec_blob = json.dumps([[s.name, s.weight, s.config, s.template] for s in self.specs] + [seed],
+                               sort_keys=True)
+        self._templates = {s.name: s.template for s in self.specs}
         self.fp = hashlib.sha256(spec_blob.encode()).hexdigest()[:8]
         self.task_id = f"reasoning-gym-{self.fp}"
         self._ds = {s.name: _make_dataset(s, seed) for s in self.specs}
@@ -129,7 +150,9 @@ class ReasoningGymTask(Task):
         return entry
 
     def _prompt(self, name: str, i: int, entry: dict) -> Prompt:
-        return Prompt(id=f"rg:{self.fp}:{name}:{i}", text=entry["question"], answer=entry["answer"])
+        template = self._templates[name]
+        text = entry["question"] if template is None else _render(template, entry)
+        return Prompt(id=f"rg:{self.fp}:{name}:{i}", text=text, answer=entry["answer"])
 
     def _held_out(self, name: str, entry: dict) -> bool:
         return _hash_int(f"{name}\0{entry['question']}") % EVAL_MODULUS == 0
