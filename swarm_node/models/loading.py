@@ -167,5 +167,16 @@ def wrap_lora(model: Any, lora: LoraConfig) -> Any:
     return get_peft_model(model, pcfg)
 
 
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Recompute activations in backward (training.gradient_checkpointing), for full and LoRA models.
+
+    Non-reentrant checkpointing works with a frozen embedding (LoRA), where the reentrant kind would see no
+    input that requires grad and silently skip the adapters' gradients.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    base.config.use_cache = False
+
+
 def trainable_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]

@@ -8,11 +8,13 @@ matches `models.factory.greedy_accuracy` (prompt text without special tokens, gr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from swarm_node.generation.hf import TransformersGenerator, completion_text
+from swarm_node.generation.stops import stop_token_ids
 from swarm_node.tasks.base import Task
 
 
@@ -24,17 +26,22 @@ def evaluate(
     n: int,
     max_new_tokens: int,
     batch_size: int = 256,
+    encode: Callable[[str], list[int]] | None = None,
 ) -> dict:
-    """Greedy exact-match accuracy on the first n prompts of `split`, with mean reward and timing."""
+    """Greedy exact-match accuracy on the first n prompts of `split`, with mean reward and timing.
+
+    `encode` turns prompt text into ids as the node does (chat template, length cap); default: plain text.
+    """
     t0 = time.perf_counter()
     prompts = task.eval_prompts(split, n)
     hits: list[bool] = []
     rewards: list[float] = []
     if prompts:
         gen = TransformersGenerator(
-            model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, batch_size=batch_size
+            model, eos_token_id=stop_token_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id,
+            batch_size=batch_size,
         )
-        ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+        ids = [encode(p.text) if encode else tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
         out = gen.generate(ids, 1, max_new_tokens=max_new_tokens, greedy=True)
         for prompt, samples in zip(prompts, out, strict=True):
             text = completion_text(tokenizer, samples[0])
