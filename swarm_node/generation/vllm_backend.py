@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ DEFAULT_MEMORY_SHARE = {"cuda": 0.35, "cpu": 0.1}  # CPU: a share of RAM (0.92, 
 
 def import_vllm() -> Any:
     """Import vllm, or say clearly how to get it."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would drown the node's own log
     try:
         import vllm
     except ImportError as exc:
@@ -169,6 +171,7 @@ class VLLMGenerator(Generator):
         max_len = vcfg.max_model_len or default_max_model_len(loaded.model, gen_cfg.max_prompt_tokens,
                                                               gen_cfg.max_new_tokens)
         adapter = bool(loaded.is_lora and vcfg.lora_sync == "adapter")
+        t0 = time.perf_counter()
         gen = cls(
             loaded.path,
             stop_token_ids=stop_token_ids(loaded.model, loaded.tokenizer),
@@ -181,6 +184,9 @@ class VLLMGenerator(Generator):
         if adapter:  # base weights once (they are frozen), then the adapter on every sync
             gen.update_weights(hf_weights(loaded.model, fold_lora=False))
         gen.sync_weights(loaded.model)  # the model may differ from the files (LoRA, resumed checkpoint)
+        log.info("vLLM engine ready in %.1f s on %s (%s, memory share %.2f, max_model_len %d, LoRA sync %s)",
+                 time.perf_counter() - t0, loaded.device.type, dtype, share, max_len,
+                 vcfg.lora_sync if loaded.is_lora else "-")
         return gen
 
     @property
