@@ -61,6 +61,14 @@ def import_vllm() -> Any:
     return vllm
 
 
+class _QuietRotaryReload(logging.Filter):
+    """vLLM warns on every in-place reload that RotaryEmbedding loaded no weights: it has none (only a
+    cos/sin cache, which vLLM puts back). One warning per optimizer step would drown the node's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+
+
 def _version_tuple(text: str) -> tuple[int, ...]:
     parts = []
     for piece in text.split("+")[0].split(".")[:3]:
@@ -126,6 +134,7 @@ class VLLMGenerator(Generator):
             log.warning("overriding VLLM_ENABLE_V1_MULTIPROCESSING=1: weight updates need an in-process engine")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self._vllm = vllm
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_QuietRotaryReload())
         self.stop_token_ids = stop_token_ids
         if lora_rank is not None:  # serve the trained adapter as a LoRA request (lora_sync=adapter)
             engine_kwargs.update(enable_lora=True, max_lora_rank=int(lora_rank), max_loras=1)
