@@ -121,7 +121,7 @@ def main() -> None:
     prompts = [tok(p.text, add_special_tokens=False)["input_ids"] for p in
                task.train_prompts(p_n, np.random.default_rng(0))]
     gen_cfg = GenerationConfig(backend="vllm", max_new_tokens=max_new, max_prompt_tokens=32,
-                               vllm={"gpu_memory_utilization": 0.05})
+                               vllm={"kv_cache_gib": 0.5})
     t0 = time.perf_counter()
     vgen = VLLMGenerator.for_loaded_model(loaded, gen_cfg)
     start_s = time.perf_counter() - t0

@@ -48,8 +48,12 @@ class VLLMConfig(_Section):
     """vLLM engine settings (used when generation.backend is vllm; see docs/operations.md for sizes)."""
 
     gpu_memory_utilization: float | None = Field(
-        None, gt=0.0, lt=1.0, description="share of the GPU's memory (CUDA) or of RAM (CPU build) the engine "
-        "reserves for weights + KV cache; training needs the rest. None: 0.35 on a GPU, 0.1 on CPU")
+        None, gt=0.0, lt=1.0, description="share of the GPU's memory the engine reserves for its weights + KV "
+        "cache (training needs the rest); on the CPU build, the share of RAM for this whole process, the KV "
+        "cache getting what the process does not already use. None: 0.35 on a GPU; on CPU kv_cache_gib decides")
+    kv_cache_gib: float | None = Field(
+        None, gt=0.0, description="KV cache size in GiB, instead of sizing it from gpu_memory_utilization. "
+        "None: 1 GiB on CPU (unless gpu_memory_utilization is set), the share on a GPU")
     max_model_len: int | None = Field(
         None, ge=16, description="context cap (prompt + completion) the KV cache is sized for; None: "
         "max_prompt_tokens + max_new_tokens, at most the model's max_position_embeddings")

@@ -33,7 +33,7 @@ if importlib.util.find_spec("vllm") is None:
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 TEXTS = ["12+7=", "3-15=", "98+99=", "1=", "40-4="]  # different lengths
-MEMORY_SHARE = 0.05  # of RAM on the CPU build: this model's KV cache needs a few MB
+KV_GIB = 0.25  # this model's KV cache needs a few MB
 PAD = build_tokenizer().pad_token_id
 
 
@@ -52,7 +52,7 @@ def engine(loaded):
     from swarm_node.generation.vllm_backend import VLLMGenerator
 
     cfg = GenerationConfig(backend="vllm", max_new_tokens=16, max_prompt_tokens=48,
-                           vllm={"gpu_memory_utilization": MEMORY_SHARE})
+                           vllm={"kv_cache_gib": KV_GIB})
     gen = VLLMGenerator.for_loaded_model(loaded, cfg)
     yield gen
     del gen
@@ -236,3 +236,25 @@ def test_lora_model_wraps_and_folds_into_the_same_engine(engine, head64_model_di
     engine.sync_weights(peft_model)
     out = engine.generate(prompts, 2, max_new_tokens=8, temperature=0.7, seed=9)
     assert worst_gap(peft_model, prompts, out, 0.7) <= 1e-4
+
+
+def test_weight_sync_after_a_lora_step_served_as_a_vllm_adapter(head64_model_dir, prompts):
+    """generation.vllm.lora_sync=adapter: the base weights stay in the engine, the trained adapter is saved
+    and served as a LoRA request after every step (a second engine, started with LoRA enabled)."""
+    from swarm_node.generation.vllm_backend import VLLMGenerator
+
+    loaded = load_model(str(head64_model_dir), dtype="float32", device="cpu",
+                        lora=LoraConfig(enabled=True, r=4, alpha=8))
+    cfg = GenerationConfig(backend="vllm", max_new_tokens=16, max_prompt_tokens=48,
+                           vllm={"kv_cache_gib": KV_GIB, "lora_sync": "adapter", "max_lora_rank": 8})
+    engine = VLLMGenerator.for_loaded_model(loaded, cfg)
+    try:
+        assert engine._lora_request is not None
+        r = step_and_check_sync(engine, loaded.model, prompts, lr=3e-2)
+        assert r["gap_new"] <= 1e-4, r
+        assert r["gap_old"] > 1e-2
+        first = engine._lora_request.lora_int_id
+        engine.sync_weights(loaded.model)
+        assert engine._lora_request.lora_int_id == first + 1, "a new id per sync: vLLM caches adapters by id"
+    finally:
+        del engine

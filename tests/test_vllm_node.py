@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
-VLLM = {"generation.backend": "vllm", "generation.vllm.gpu_memory_utilization": 0.05}
+VLLM = {"generation.backend": "vllm", "generation.vllm.kv_cache_gib": 0.25}
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 MIN_VLLM = (0, 25, 0)
 DEFAULT_MEMORY_SHARE = {"cuda": 0.35, "cpu": 0.1}  # CPU: a share of RAM (0.92, vLLM's default, does not start)
+DEFAULT_CPU_KV_GIB = 1.0
 
 
 def import_vllm() -> Any:
@@ -177,6 +178,12 @@ class VLLMGenerator(Generator):
             raise UserFacingError("generation.backend 'vllm' uses the first GPU; set model.device=cuda:0")
         dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[loaded.dtype]
         share = vcfg.gpu_memory_utilization or DEFAULT_MEMORY_SHARE[loaded.device.type]
+        kv_gib = vcfg.kv_cache_gib
+        if kv_gib is None and loaded.device.type == "cpu" and vcfg.gpu_memory_utilization is None:
+            # On CPU a share means "this process's RSS + KV cache": the trainer's own memory eats into it,
+            # so a fixed KV size is the setting that starts whatever the model size.
+            kv_gib = DEFAULT_CPU_KV_GIB
+        extra = {"kv_cache_memory_bytes": int(kv_gib * 2**30)} if kv_gib is not None else {}
         max_len = vcfg.max_model_len or default_max_model_len(loaded.model, gen_cfg.max_prompt_tokens,
                                                               gen_cfg.max_new_tokens)
         adapter = bool(loaded.is_lora and vcfg.lora_sync == "adapter")
@@ -189,12 +196,14 @@ class VLLMGenerator(Generator):
             max_model_len=max_len,
             enforce_eager=loaded.device.type == "cpu" if vcfg.enforce_eager is None else vcfg.enforce_eager,
             lora_rank=vcfg.max_lora_rank if adapter else None,
+            **extra,
         )
         if adapter:  # base weights once (they are frozen), then the adapter on every sync
             gen.update_weights(hf_weights(loaded.model, fold_lora=False))
         gen.sync_weights(loaded.model)  # the model may differ from the files (LoRA, resumed checkpoint)
-        log.info("vLLM engine ready in %.1f s on %s (%s, memory share %.2f, max_model_len %d, LoRA sync %s)",
-                 time.perf_counter() - t0, loaded.device.type, dtype, share, max_len,
+        sizing = f"KV cache {kv_gib:g} GiB" if kv_gib is not None else f"memory share {share:.2f}"
+        log.info("vLLM engine ready in %.1f s on %s (%s, %s, max_model_len %d, LoRA sync %s)",
+                 time.perf_counter() - t0, loaded.device.type, dtype, sizing, max_len,
                  vcfg.lora_sync if loaded.is_lora else "-")
         return gen
 
