@@ -72,7 +72,7 @@ def step_groups(gen, prompts, g, max_new, seed):
             for p, ss in zip(prompts, out, strict=True)]
 
 
-def sync_times(gen, loaded, prompts, args, steps: int) -> list[float]:
+def sync_times(gen, loaded, prompts, steps: int) -> list[float]:
     """Optimizer steps on the engine's samples; the seconds `sync_weights` takes after each."""
     from swarm_node.config import TrainingConfig
     from swarm_node.training.grpo_step import GRPOTrainer
@@ -104,8 +104,6 @@ def main() -> None:
     seeds = args.seeds or (2 if q else 3)
     p_n, g, max_new = args.prompts or (8 if q else 16), args.g or (4 if q else 8), args.max_new_tokens or (16 if q else 32)
     sync_steps = args.sync_steps or (3 if q else 5)
-
-    import numpy as np
 
     from swarm_node.config import GenerationConfig, LoraConfig
     from swarm_node.generation.hf import TransformersGenerator
@@ -153,7 +151,7 @@ def main() -> None:
         "ratio_vllm_over_transformers": (ratio, ratio_se),
         "rows": rows,
     }
-    full = sync_times(vgen, loaded, prompts, args, sync_steps)
+    full = sync_times(vgen, loaded, prompts, sync_steps)
     res["sync_full_s"] = mean_se(full)
     print(f"full-model sync per step: {res['sync_full_s'][0] * 1e3:.1f} ms", flush=True)
 
@@ -161,7 +159,7 @@ def main() -> None:
         lora = LoraConfig(enabled=True, r=8, alpha=16)
         lmodel = load_model(model_path, dtype="float32", device="cpu", lora=lora)
         # merge: the same engine, W + BA pushed every step
-        res["sync_lora_merge_s"] = mean_se(sync_times(vgen, lmodel, prompts, args, sync_steps))
+        res["sync_lora_merge_s"] = mean_se(sync_times(vgen, lmodel, prompts, sync_steps))
         secs_m = [timed_generate(vgen, prompts, g, max_new, seed=s)[::-1] for s in range(seeds)]
         del vgen
         import gc
@@ -173,7 +171,7 @@ def main() -> None:
         agen = VLLMGenerator.for_loaded_model(lmodel, gen_cfg)
         res["vllm_lora_engine_start_s"] = round(time.perf_counter() - t0, 1)
         agen.generate(prompts[:2], 2, max_new_tokens=4, seed=0)
-        res["sync_lora_adapter_s"] = mean_se(sync_times(agen, lmodel, prompts, args, sync_steps))
+        res["sync_lora_adapter_s"] = mean_se(sync_times(agen, lmodel, prompts, sync_steps))
         secs_a = [timed_generate(agen, prompts, g, max_new, seed=s)[::-1] for s in range(seeds)]
         res["lora_merge_tokens_per_s"] = mean_se([n / t for n, t in secs_m])
         res["lora_adapter_tokens_per_s"] = mean_se([n / t for n, t in secs_a])
