@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 
 import torch
+from swarm_node.node.local_swarm import Peer, start_bootstrap, stop_processes, write_peer_config
 
 from swarm_node.config import load_config
 from swarm_node.node.grpo_node import GRPONode
-from swarm_node.node.local_swarm import Peer, start_bootstrap, stop_processes, write_peer_config
 from swarm_node.node.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]

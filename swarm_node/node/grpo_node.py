@@ -20,7 +20,8 @@ from swarm_node.config import NodeConfig
 from swarm_node.errors import UserFacingError
 from swarm_node.evaluation import evaluate
 from swarm_node.generation import make_generator
-from swarm_node.models.loading import LoadedModel, load_model
+from swarm_node.generation.prompts import PromptEncoder
+from swarm_node.models.loading import LoadedModel, enable_gradient_checkpointing, load_model
 from swarm_node.node.checkpoint import (
     list_checkpoints,
     load_checkpoint,
@@ -80,7 +81,10 @@ class GRPONode:
         self.state_dir = Path(state_dir)
         self.loaded = loaded or load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.model.device,
                                            lora=cfg.model.lora, name=cfg.model.name)
+        if cfg.training.gradient_checkpointing:
+            enable_gradient_checkpointing(self.loaded.model)
         self.tok = self.loaded.tokenizer
+        self.prompts = PromptEncoder(self.tok, cfg.generation.chat_template, cfg.generation.max_prompt_tokens)
         self.task: Task = get_task(cfg.task)
         self.generator = make_generator(self.loaded, cfg.generation)
         self.trainer = GRPOTrainer(self.loaded.model, cfg.training, self.tok.pad_token_id,
@@ -155,12 +159,12 @@ class GRPONode:
     def evaluate(self) -> dict:
         g = self.cfg.generation
         return evaluate(self.loaded.model, self.tok, self.task, self.cfg.task.eval_split, self.cfg.task.eval_n,
-                        max_new_tokens=g.max_new_tokens, batch_size=max(g.batch_size, 64))
+                        max_new_tokens=g.max_new_tokens, batch_size=max(g.batch_size, 64), encode=self.prompts.encode)
 
     def generate(self, round_: int) -> LocalRollouts:
         g = self.cfg.generation
         prompts = self.task.train_prompts(self.cfg.task.prompts_per_round, self._rng(round_))
-        ids = [self.tok(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+        ids = [self.prompts.encode(p.text) for p in prompts]
         samples = self.generator.generate(ids, g.num_generations, max_new_tokens=g.max_new_tokens,
                                           temperature=g.temperature, seed=self.cfg.seed * 1_000_003 + round_)
         return LocalRollouts(prompts, ids, samples, score(self.task, self.tok, prompts, samples))
@@ -216,7 +220,7 @@ class GRPONode:
             if decoded.round != rec.round:  # the payload must be what the announcement said
                 rejected["round_mismatch"] += 1
                 continue
-            adm = admit_batch(decoded, rec.peer_id, self.task, self.tok, self.expect)
+            adm = admit_batch(decoded, rec.peer_id, self.task, self.tok, self.expect, encode=self.prompts.encode)
             rejected.update(adm.rejected)
             info["rewards_overridden"] += adm.rewards_changed
             if adm.rejected:

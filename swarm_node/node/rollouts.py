@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,8 +96,12 @@ class Admitted:
     rewards_changed: int = 0                              # completions whose claimed reward we overrode
 
 
-def admit_batch(batch: RolloutBatch, source: str, task: Task, tokenizer: Any, expect: Expectations) -> Admitted:
-    """Turn a decoded peer batch into TrainGroups, declining what this node cannot verify or use."""
+def admit_batch(batch: RolloutBatch, source: str, task: Task, tokenizer: Any, expect: Expectations,
+                encode: Callable[[str], list[int]] | None = None) -> Admitted:
+    """Turn a decoded peer batch into TrainGroups, declining what this node cannot verify or use.
+
+    `encode` is how this node encodes prompts (`PromptEncoder.encode`); default: the plain text.
+    """
     out = Admitted()
     if batch.swarm_id != expect.swarm_id:
         out.rejected["swarm_mismatch"] += 1
@@ -120,7 +125,7 @@ def admit_batch(batch: RolloutBatch, source: str, task: Task, tokenizer: Any, ex
         if prompt is None:
             out.rejected["unknown_prompt"] += 1
             continue
-        expected_ids = tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
+        expected_ids = encode(prompt.text) if encode else tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
         if list(np.asarray(g.prompt_ids).tolist()) != list(expected_ids):
             out.rejected["prompt_mismatch"] += 1
             continue
