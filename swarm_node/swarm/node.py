@@ -121,6 +121,8 @@ class SwarmNode:
         self._downloads: asyncio.Semaphore | None = None
         self._last_round_stats: dict | None = None
         self._next_view_read = 0.0
+        self._beats = 0
+        self._batch_in_dht = False
         self._rejected: dict[str, int] = {}
         self._warned: set[tuple] = set()
         self._stat_lock = threading.Lock()
@@ -638,8 +640,16 @@ class SwarmNode:
         second stay flat, and newcomers are learnt sooner anyway from their pushes.
         """
         self._store(R.members_key(self.cfg.swarm_id), self._member_record())
-        for kind in R.KINDS:
-            self._announce(kind)
+        self._announce("params")  # DPO neighbours poll it for the round they need
+        # the batch DHT record is for `status` and tools only (peers learn of batches by push): refreshed
+        # twice per TTL, not every heartbeat, since each DHT store costs a lookup across the swarm
+        self._beats += 1
+        if not self._batch_in_dht or self._beats % max(1, int(self.cfg.record_ttl_s / (2 * self.cfg.heartbeat_s))) == 0:
+            with self._blob_lock:
+                has_batch = bool(self._blobs["batch"])
+            if has_batch:
+                self._announce("batch")
+                self._batch_in_dht = True
         now = time.monotonic()
         if now >= self._next_view_read:
             self._refresh_view(latest=False)
