@@ -69,6 +69,7 @@ REFUSALS = ("too_large", "bad_time", "future_time", "bad_version", "future_round
 EVENTS = ("evicted", "superseded", "duplicate", "declined")
 """Intake events that are not a peer's fault (counted on their own)."""
 MAX_DOWNLOADS = 4
+VIEW_READ_PEERS = 8  # membership is read every heartbeat up to this many peers, proportionally less often beyond
 MAX_VIEW = 4096  # peers we may push to (membership + pushers); the intake keeps state for as many
 PUSH_TIMEOUT_S = 5.0
 
@@ -122,6 +123,9 @@ class SwarmNode:
         self._tasks: set = set()
         self._downloads: asyncio.Semaphore | None = None
         self._last_round_stats: dict | None = None
+        self._next_view_read = 0.0
+        self._beats = 0
+        self._batch_in_dht = False
         self._rejected: dict[str, int] = {}
         self._warned: set[tuple] = set()
         self._stat_lock = threading.Lock()
@@ -244,16 +248,21 @@ class SwarmNode:
             members[self.peer_id] = R.MemberRecord.model_validate(self._member_record())
         return sorted(members.values(), key=lambda m: m.peer_id)
 
-    def _read_members(self) -> dict[str, R.MemberRecord]:
-        return self._read_signed(R.members_key(self.cfg.swarm_id), R.MemberRecord)
+    def _read_members(self, latest: bool = True) -> dict[str, R.MemberRecord]:
+        return self._read_signed(R.members_key(self.cfg.swarm_id), R.MemberRecord, latest=latest)
 
     def _read_announcements(self, kind: str) -> dict[str, R.Announcement]:
         return self._read_signed(R.blobs_key(self.cfg.swarm_id, kind), R.Announcement)
 
-    def _read_signed(self, key: str, model) -> dict:
-        """Entries under `key` whose record names the peer id of the key that signed it."""
+    def _read_signed(self, key: str, model, latest: bool = True) -> dict:
+        """Entries under `key` whose record names the peer id of the key that signed it.
+
+        latest=True asks every DHT node near the key (each answers with the whole dictionary: cost grows
+        with the square of the swarm while it is below the bucket size); latest=False takes the first
+        replica's copy (one answer), enough for peer sampling.
+        """
         try:
-            found = self._dht_call("get", key, latest=True)
+            found = self._dht_call("get", key, latest=latest)
         except Exception as exc:
             self.log.debug("reading %s failed: %s", key, exc)
             return {}
@@ -629,22 +638,42 @@ class SwarmNode:
                 self.log.debug("withdrawing %s: %s", key, exc)
 
     def _heartbeat(self) -> None:
-        """Write our membership and DHT announcements, read membership once, re-push our newest batch."""
-        for reason, n in self._refusals.poll(self._dht_call).items():
+        """Write our membership and DHT announcements, read membership when due, re-push our newest batch.
+
+        The membership read is the one cost that grows with the swarm (a record per peer), so it is read
+        every heartbeat up to VIEW_READ_PEERS peers and proportionally less often beyond: its bytes per
+        second stay flat, and newcomers are learnt sooner anyway from their pushes.
+        """
+        for reason, n in self._refusals.poll(self._dht_call).items():  # records our DHT child refused
             with self._stat_lock:
                 self._rejected[reason] = self._rejected.get(reason, 0) + n
         self._store(R.members_key(self.cfg.swarm_id), self._member_record())
-        for kind in R.KINDS:
-            self._announce(kind)
-        self._refresh_view()
+        self._announce("params")  # DPO neighbours poll it for the round they need
+        # the batch DHT record is for `status` and tools only (peers learn of batches by push): refreshed
+        # twice per TTL, not every heartbeat, since each DHT store costs a lookup across the swarm
+        self._beats += 1
+        if not self._batch_in_dht or self._beats % max(1, int(self.cfg.record_ttl_s / (2 * self.cfg.heartbeat_s))) == 0:
+            with self._blob_lock:
+                has_batch = bool(self._blobs["batch"])
+            if has_batch:
+                self._announce("batch")
+                self._batch_in_dht = True
+        now = time.monotonic()
+        if now >= self._next_view_read:
+            self._refresh_view(latest=False)
+            with self._view_lock:
+                n = len(self._view)
+            self._next_view_read = now + self.cfg.heartbeat_s * max(1.0, n / VIEW_READ_PEERS) - 0.5
+        else:
+            self._repush()
 
-    def _refresh_view(self) -> None:
-        """Membership read (once per heartbeat): who we may push to, and what round each peer has signed.
+    def _refresh_view(self, latest: bool = True) -> None:
+        """Membership read: who we may push to, and what round each peer has signed.
 
         Newcomers get our newest announcement at once; F random neighbours get it again (repairs a push
         lost to a restart). Peers gone from membership and silent for a TTL are forgotten.
         """
-        members = self._read_members()
+        members = self._read_members(latest=latest)
         if not members and self._dht is None:
             return
         now = time.time()
@@ -667,6 +696,11 @@ class SwarmNode:
         self._greeted.update(fresh)
         again = self._push_targets(self.cfg.push_fanout, exclude=set(fresh))
         self._loop.call_soon_threadsafe(self._push_to, fresh + again, ann)
+
+    def _repush(self) -> None:
+        ann = self._latest_ann
+        if ann is not None and self._loop is not None and not self._closed:
+            self._loop.call_soon_threadsafe(self._push_to, self._push_targets(self.cfg.push_fanout), ann)
 
     def _heartbeat_loop(self) -> None:
         next_beat = time.monotonic() + self.cfg.heartbeat_s
