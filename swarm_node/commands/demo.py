@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=60, help="rounds per peer (default: 60)")
     p.add_argument("--peers", nargs="+", default=DEFAULT_PEERS,
                    help="peer configs: names of peers/*.yaml or paths (default: tiny-s tiny-m tiny-s-lora)")
-    p.add_argument("--task", default="arithmetic", choices=["arithmetic", "gsm8k"], help="task for every peer")
+    p.add_argument("--task", default=None, choices=["arithmetic", "gsm8k"],
+                   help="task for every peer (default: each peer config's own, e.g. reasoning_gym for peers/rg-*.yaml)")
     p.add_argument("--data-path", default=None, help="gsm8k: JSONL/parquet file")
     p.add_argument("--variant", default=None, help="override training.variant for every peer (e.g. naive, ftis)")
     p.add_argument("--compare-alone", action="store_true", help="also train each peer alone and plot both")
@@ -90,8 +91,8 @@ def peer_configs(arm: str, args: argparse.Namespace, templates: list[Path], out:
 
     swarm = arm == "swarm"
     # loopback only: a local demo should not open ports on every interface of the machine
-    overrides = {"rounds": args.rounds, "task.name": args.task, "metrics.eval_every": args.eval_every,
-                 "swarm.enabled": swarm, "swarm.swarm_id": "demo", "swarm.host_maddrs": ["/ip4/127.0.0.1/tcp/0"]}
+    overrides = {"rounds": args.rounds, "metrics.eval_every": args.eval_every,
+                 **({"task.name": args.task} if args.task else {}), "swarm.enabled": swarm, "swarm.swarm_id": "demo", "swarm.host_maddrs": ["/ip4/127.0.0.1/tcp/0"]}
     if args.data_path:
         overrides["task.data_path"] = str(Path(args.data_path).resolve())
     if args.variant:
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     if args.compare_alone:
         _run_arm("alone", args, templates, out)
     command = "swarm-node " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "swarm-node demo"
-    report = write_report(out, {"command": command, "rounds": args.rounds, "task": args.task,
+    report = write_report(out, {"command": command, "rounds": args.rounds, "task": args.task or "per peer config",
                                 "peers": _peer_names(templates), "seconds": round(time.time() - t0, 1)})
     print()
     print((out / "report.md").read_text())

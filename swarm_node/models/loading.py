@@ -42,6 +42,12 @@ class LoadedModel:
     def vocab_size(self) -> int:
         return int(self.model.get_input_embeddings().weight.shape[0])
 
+    def info(self) -> dict:
+        """What a run's metrics and report record about the model (the preset's weights hash included)."""
+        keys = ("preset", "factory_version", "sha256", "parameters", "seed")
+        return {"name": self.name, "path": self.path, "is_lora": self.is_lora,
+                **{k: self.meta[k] for k in keys if k in self.meta}}
+
     def default_lr(self, mode: str = "grpo", override: float | None = None) -> float:
         """`override` (the config's lr) if set, else the preset's or the paper's default (models.presets)."""
         return float(override) if override is not None else default_lr(self.meta, self.is_lora, mode)

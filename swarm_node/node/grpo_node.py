@@ -344,7 +344,7 @@ def run_grpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> 
             node.metrics.write({"round": 0, "reward_mean": None, "loss": None, "local_groups": 0,
                                 "external_groups": 0, "filtered": 0, "tokens_per_s": None, "gen_s": 0.0,
                                 "train_s": 0.0, "eval_accuracy": ev["accuracy"], "eval_n": ev["n"],
-                                "time": time.time()})
+                                "model": node.loaded.info(), "task_id": node.task.task_id, "time": time.time()})
             log.info("round 0: eval accuracy %.3f (%s split, n=%d)", ev["accuracy"], cfg.task.eval_split, ev["n"])
         while not stop and (cfg.rounds is None or node.round < cfg.rounds):
             row = node.run_round()

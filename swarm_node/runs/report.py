@@ -53,7 +53,9 @@ def _peer_summary(rows: list[dict]) -> dict:
         return int(sum(r.get(key) or 0 for r in trained))
 
     q = max(1, len(rewards) // 4)
+    static = next((r for r in rows if r.get("round") == 0), {})
     return {
+        "model": static.get("model"),  # name, preset, sha256 of the preset's weights (round-0 row)
         "rounds": (trained[-1]["round"] + (1 if _is_dpo(rows) else 0)) if trained else 0,
         "start_accuracy": evals[0][1] if evals else None,
         "end_accuracy": evals[-1][1] if evals else None,
