@@ -45,3 +45,11 @@ def head64_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     LlamaForCausalLM(cfg).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that needs the built presets is slow (building them takes a minute): mark it so, whatever its file
+    says, so `make test-quick` (-m "not slow") never builds them."""
+    for item in items:
+        if "presets_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 from swarm_node.config import LoraConfig
 from swarm_node.errors import UserFacingError
-from swarm_node.models.factory import PRESETS, build_tiny, build_tokenizer, greedy_accuracy
+from swarm_node.evaluation import greedy_accuracy
+from swarm_node.models.factory import PRESETS, build_tiny, build_tokenizer
 from swarm_node.models.loading import PRESET_META_FILE, load_model, tokenizer_fingerprint
 from swarm_node.tasks.arithmetic import ArithmeticTask
 

@@ -103,6 +103,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # starts a DHT or a subprocess
 def test_unreachable_bootstrap_names_the_addresses():
     addr = f"/ip4/127.0.0.1/tcp/{_closed_port()}/p2p/QmXfptdHU6hqG95JswxYVUH4bphcK8y18mhFcgUQFe6fCN"
     node = SwarmNode(_cfg(initial_peers=[addr], bootstrap_retries=1, bootstrap_timeout_s=3.0), INFO)
@@ -157,6 +158,8 @@ def test_forged_dht_writes_are_refused(pair):
     assert b._dht.store(R.blobs_key(a.cfg.swarm_id, "batch"), ann, time.time() + 30, subkey=a._subkey) is False
     seen = {m.peer_id: m for m in b.live_peers()}
     assert seen[a.peer_id].model_name == "tiny-s"
+    # batch announcements reach the DHT at heartbeat rate (peers learn of them by push)
+    assert _wait(lambda: a.peer_id in b._read_announcements("batch"))
     assert b._read_announcements("batch")[a.peer_id].blobs[0].size == 2000
 
 
@@ -169,18 +172,18 @@ def test_refusals_and_recovery_after_sigkill(pair):
     assert b.collect("batch", 0, k=2, staleness=0, deadline_s=5) == []
     assert b.stats()["rejected"].get("too_large") == 1 and b.stats()["bytes_in"] == 0
     # announced small, streamed large: refused from the stream's length header, body unread
-    small = os.urandom(100)
-    a.publish("batch", 1, small)
-    with a._blob_lock:
-        a._blobs["batch"][1] = (os.urandom(limit + 10), a._blobs["batch"][1][1])
+    # (the receiver downloads as soon as the announcement is pushed, so the bad bytes are in place first)
+    real = a._lookup
+    a._lookup = lambda kind, r: os.urandom(limit + 10) if r == 1 else real(kind, r)
+    a.publish("batch", 1, os.urandom(100))
     assert b.collect("batch", 1, k=2, staleness=0, deadline_s=5) == []
     assert b.stats()["rejected"]["too_large"] == 2 and b.stats()["bytes_in"] == 0
     # wrong digest
+    a._lookup = lambda kind, r: b"y" * 5000 if r == 2 else real(kind, r)
     a.publish("batch", 2, b"x" * 5000)
-    with a._blob_lock:
-        a._blobs["batch"][2] = (b"y" * 5000, a._blobs["batch"][2][1])
     assert b.collect("batch", 2, k=2, staleness=0, deadline_s=5) == []
     assert b.stats()["rejected"].get("digest_mismatch") == 1
+    a._lookup = real
     # a declining filter downloads nothing
     a.publish("batch", 3, b"ok" * 100)
     assert b.collect("batch", 3, k=2, staleness=0, deadline_s=3, accept=lambda m: m.task_id == "other") == []

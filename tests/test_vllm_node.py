@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from swarm_node.node.local_swarm import Peer, child_env, start_bootstrap, stop_process, write_peer_config
+
 from swarm_node.node.metrics import read_metrics
 
 if importlib.util.find_spec("vllm") is None:

@@ -18,21 +18,37 @@ import torch
 
 from swarm_node.config import NodeConfig
 from swarm_node.errors import UserFacingError
+from swarm_node.evaluation import evaluate
 from swarm_node.generation import make_generator
 from swarm_node.generation.prompts import PromptEncoder
 from swarm_node.models.loading import LoadedModel, enable_gradient_checkpointing, load_model
-from swarm_node.node.checkpoint import list_checkpoints, load_checkpoint, remove_partial, save_checkpoint
-from swarm_node.node.evaluation import evaluate
+from swarm_node.node.checkpoint import (
+    list_checkpoints,
+    load_checkpoint,
+    model_record,
+    remove_partial,
+    save_checkpoint,
+)
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress
-from swarm_node.node.rollouts import Expectations, LocalRollouts, admit_batch, score
+from swarm_node.node.rollouts import (
+    Expectations,
+    LocalRollouts,
+    LogprobAudit,
+    ReplayWindow,
+    admit_batch,
+    cap_share,
+    score,
+)
 from swarm_node.node.stopping import StopFlag
 from swarm_node.protocol import DecodeLimits, ProtocolError, decode_batch, encode_batch
 from swarm_node.tasks import get_task
 from swarm_node.tasks.base import Task
 from swarm_node.training.groups import TrainGroup
 from swarm_node.training.grpo_step import GRPOTrainer
+from swarm_node.training.lr_schedule import lr_factor
+from swarm_node.training.optim import set_lr
 
 log = logging.getLogger("swarm_node.node")
 
@@ -72,17 +88,19 @@ class GRPONode:
         self.task: Task = get_task(cfg.task)
         self.generator = make_generator(self.loaded, cfg.generation)
         self.trainer = GRPOTrainer(self.loaded.model, cfg.training, self.tok.pad_token_id,
-                                   lr_default=self.loaded.default_lr())
-        self.metrics = MetricsWriter(self.state_dir, cfg.metrics.prometheus_port)
+                                   lr_default=self.loaded.default_lr(), temperature=cfg.generation.temperature)
+        self.metrics = MetricsWriter.from_config(self.state_dir, cfg, node_name=self.loaded.name)
         self.round = 0
         self.saved_round = 0  # round 0 = the model as loaded; never worth a checkpoint
         self.swarm = None
+        self.first_exchange = False
         self.limits = receive_limits(cfg)
         self.expect = Expectations(
             swarm_id=cfg.swarm.swarm_id, task_id=self.task.task_id, tokenizer_fp=self.loaded.tokenizer_fp,
             vocab_size=self.loaded.vocab_size, trust_peer_rewards=cfg.swarm.trust_peer_rewards,
         )
-        self.rejected_total: Counter = Counter()
+        self.replay = ReplayWindow(window=cfg.swarm.staleness_rounds + 2)  # hole 5: a completion counts once
+        self.audit = LogprobAudit(cap=cfg.training.cap)  # hole 6: claimed log-probs against our recompute
         # groups from an in-process source instead of the swarm (off-policy experiments, benchmarks)
         self.external_source: Callable[[int], list[TrainGroup]] | None = None
 
@@ -113,7 +131,7 @@ class GRPONode:
             return
         self.saved_round = self.round
         save_checkpoint(self.state_dir, self.round, self.loaded.model, self.trainer.state_dict(),
-                        {"model_name": self.loaded.name, "is_lora": self.loaded.is_lora},
+                        model_record(self.loaded, self.cfg.model.lora),
                         self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
 
     def join_swarm(self) -> None:
@@ -121,8 +139,11 @@ class GRPONode:
 
         info = PeerInfo(mode="grpo", model_name=self.loaded.name, tokenizer_fp=self.loaded.tokenizer_fp,
                         task_id=self.task.task_id)
-        self.swarm = SwarmNode(self.cfg.swarm, info, logger=logging.getLogger("swarm_node.swarm")).start()
+        self.swarm = SwarmNode(self.cfg.swarm, info, logger=logging.getLogger("swarm_node.swarm"))
+        self.swarm.set_accept(self._accepts_peer)  # before start: pushes and downloads only from usable peers
+        self.swarm.start()
         self.swarm.set_round(self.round)
+        self.first_exchange = True
         log.info("peer id %s; reachable at %s", self.swarm.peer_id, " ".join(self.swarm.visible_maddrs()))
 
     def close(self) -> None:
@@ -148,8 +169,17 @@ class GRPONode:
                                           temperature=g.temperature, seed=self.cfg.seed * 1_000_003 + round_)
         return LocalRollouts(prompts, ids, samples, score(self.task, self.tok, prompts, samples))
 
-    def exchange(self, local: LocalRollouts, round_: int) -> tuple[list, dict]:
-        """Publish our batch, collect peers' batches; returns (external groups, per-round swarm stats)."""
+    def _accepts_peer(self, m) -> bool:
+        return m.mode == "grpo" and m.task_id == self.task.task_id and m.tokenizer_fp == self.loaded.tokenizer_fp
+
+    def exchange(self, local: LocalRollouts, round_: int, *, version: int | None = None,
+                 generated: float | None = None) -> tuple[list, dict]:
+        """Publish our batch, take peers' batches; returns (external groups, per-round swarm stats).
+
+        Async exchange (default): takes what has arrived since the last round, without waiting; nothing
+        arrived -> this round trains on its own groups only (except the first round after joining, which
+        waits once for the live peers' first batches). Lockstep: waits up to collect_deadline_s.
+        """
         info: dict = {"external_by_peer": {}, "rejected": {}, "rewards_overridden": 0, "bytes_out": 0,
                       "bytes_in": 0, "peers_seen": 0, "collect_s": 0.0}
         if self.swarm is None:
@@ -164,58 +194,73 @@ class GRPONode:
                                round_=round_, vocab_size=self.loaded.vocab_size)
         payload = encode_batch(batch)
         self.swarm.set_round(round_)
-        self.swarm.publish("batch", round_, payload)
-        info["bytes_out"] = len(payload)
+        self.swarm.publish("batch", round_, payload, version=version, generated=generated)
+        self.replay.remember(round_, local.train_groups())  # our own samples sent back to us count once
         info["bytes_per_token"] = len(payload) / max(1, local.tokens())
-        t0 = time.perf_counter()
-
-        def accept(m) -> bool:
-            return m.mode == "grpo" and m.task_id == self.task.task_id and m.tokenizer_fp == self.loaded.tokenizer_fp
-
-        swarm_rejected_before = dict(self.swarm.stats().get("rejected", {}))
-        received = self.swarm.collect("batch", round_, k=sw.max_peers_per_round, staleness=sw.staleness_rounds,
-                                      deadline_s=sw.collect_deadline_s, accept=accept)
-        info["collect_s"] = time.perf_counter() - t0
-        rejected: Counter = Counter()
-        for reason, n in self.swarm.stats().get("rejected", {}).items():  # transport-level: timeouts, digests...
-            if n > swarm_rejected_before.get(reason, 0):
-                rejected[f"swarm:{reason}"] += n - swarm_rejected_before.get(reason, 0)
-        groups = []
-        for rec in received:
-            info["bytes_in"] += len(rec.payload)
+        # The first round after joining waits (up to the deadline) for the first batches of the live peers
+        # it sees, so a swarm started together shares from its first round; after that, async never waits.
+        first, self.first_exchange = self.first_exchange, False
+        intake = self.swarm.receive(sw.max_peers_per_round, accept=self._accepts_peer,
+                                    lockstep=sw.exchange == "lockstep" or first, round=round_,
+                                    staleness=round_ if first else sw.staleness_rounds,
+                                    deadline_s=sw.collect_deadline_s)
+        info["collect_s"] = intake.waited_s
+        rejected: Counter = Counter({f"swarm:{r}": n for r, n in intake.rejected.items()})
+        info.update(bytes_out=len(payload), bytes_in=intake.payload_bytes_in,  # published / downloaded
+                    payload_bytes_out=intake.payload_bytes_out, control_bytes_in=intake.control_bytes_in,
+                    control_bytes_out=intake.control_bytes_out, buffer_events=intake.events)
+        groups, ages, lags = [], [], []
+        for rec in intake.batches:
             try:
                 decoded = decode_batch(rec.payload, self.limits)
             except ProtocolError as exc:
                 rejected[f"protocol:{exc.reason}"] += 1
                 log.warning("rejected batch from %s: %s", rec.peer_id, exc)
                 continue
-            if decoded.round != rec.round:  # the payload must be what the signed announcement said
+            if decoded.round != rec.round:  # the payload must be what the announcement said
                 rejected["round_mismatch"] += 1
-                continue
-            if decoded.round < round_ - sw.staleness_rounds:
-                rejected["stale"] += 1
                 continue
             adm = admit_batch(decoded, rec.peer_id, self.task, self.tok, self.expect, encode=self.prompts.encode)
             rejected.update(adm.rejected)
             info["rewards_overridden"] += adm.rewards_changed
             if adm.rejected:
                 log.warning("declined %s from %s", dict(adm.rejected), rec.peer_id)
+            adm.groups, dup = self.replay.admit(round_, adm.groups)
+            rejected.update(dup)
+            adm.groups, capped = cap_share(adm.groups, self.cfg.task.prompts_per_round)
+            if capped:
+                rejected["share_capped"] += capped
+            if adm.groups:
+                ok, stat, limit = self.audit.judge(adm.groups, self.trainer.completion_logprobs(adm.groups))
+                if not ok:
+                    rejected["logprob_outlier"] += 1
+                    log.warning("declined batch from %s: mean capped weight %.3f > %.3f", rec.peer_id, stat, limit)
+                    continue
             groups.extend(adm.groups)
+            if adm.groups:
+                ages.append(rec.age_s)
+                lags.append(rec.version_lag)
             name = rec.member.model_name if rec.member else ""
             key = f"{rec.peer_id[-8:]}:{name}" if name else rec.peer_id
             info["external_by_peer"][key] = info["external_by_peer"].get(key, 0) + len(adm.groups)
-        info["peers_seen"] = len(received)
+        info["peers_seen"] = len(intake.batches)
+        info["batch_age_s"] = ages
+        info["version_lag"] = lags
         info["rejected"] = dict(rejected)
-        self.rejected_total.update(rejected)
         return groups, info
 
     def run_round(self) -> dict:
         r = self.round + 1
         t0 = time.perf_counter()
+        generated = time.time()
         local = self.generate(r)
         gen_s = time.perf_counter() - t0
-        external, swarm_info = self.exchange(local, r)
+        # policy version = rounds trained so far (the policy that sampled round r has seen r - 1 rounds)
+        external, swarm_info = self.exchange(local, r, version=self.round, generated=generated)
         t1 = time.perf_counter()
+        t = self.cfg.training
+        lr_now = self.trainer.lr * lr_factor(t.lr_schedule, r - 1, t.warmup_rounds, self.cfg.rounds)
+        set_lr(self.trainer.optimizer, lr_now)
         try:
             res = self.trainer.step(local.train_groups() + external)
         except torch.OutOfMemoryError:
@@ -245,7 +290,7 @@ class GRPONode:
             "truncated_frac_external": res.truncated_frac_external,
             "divergence_external": res.mean_divergence_external,
             "grad_norm": res.grad_norm,
-            "lr": res.lr,
+            "lr": lr_now,
             "stepped": res.stepped,
             "tokens_per_s": local.tokens() / gen_s if gen_s > 0 else None,
             "gen_s": round(gen_s, 4),
@@ -260,6 +305,19 @@ class GRPONode:
         }
         if "bytes_per_token" in swarm_info:
             row["bytes_per_token"] = round(swarm_info["bytes_per_token"], 3)
+        if self.swarm is not None:  # the exchange's own costs this round (docs/architecture.md, "The exchange")
+            ages, lags = swarm_info["batch_age_s"], swarm_info["version_lag"]
+            row.update({
+                "payload_bytes_out": swarm_info["payload_bytes_out"],
+                "control_bytes_in": swarm_info["control_bytes_in"],
+                "control_bytes_out": swarm_info["control_bytes_out"],
+                "batch_age_s_mean": round(float(np.mean(ages)), 3) if ages else None,
+                "batch_age_s_max": round(float(max(ages)), 3) if ages else None,
+                "version_lag_mean": round(float(np.mean(lags)), 3) if lags else None,
+                "version_lag_max": int(max(lags)) if lags else None,
+                "buffer_evicted": swarm_info["buffer_events"].get("evicted", 0),
+                "buffer_superseded": swarm_info["buffer_events"].get("superseded", 0),
+            })
         if self.cfg.rounds and r >= self.cfg.rounds or r % self.cfg.metrics.eval_every == 0:
             ev = self.evaluate()
             row["eval_accuracy"] = ev["accuracy"]
@@ -300,5 +358,6 @@ def run_grpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> 
     finally:
         progress.close()
         node.close()
+        node.metrics.close()
         stop.restore()
     return 0

@@ -1,8 +1,15 @@
-"""SwarmNode: membership heartbeats, signed announcements and blob exchange, on a supervised DHT.
+"""SwarmNode: membership heartbeats, pushed batch announcements, background downloads, on a supervised DHT.
 
-Threads: the caller's thread (publish/collect/fetch), one uvloop event-loop thread (P2P streams), one
-heartbeat thread (membership, re-announcements, and restarting the DHT child if it dies). Calls into the
-DHT child go through one lock so its pipe is written by one thread at a time.
+Rollout batches move asynchronously (docs/architecture.md, "The exchange"): `publish` pushes a small
+announcement to F random neighbours; a receiver downloads announced batches in the background into a
+bounded intake buffer (`swarm/intake.py`), and each round `receive` takes what has arrived, without
+waiting (or, in lockstep mode, waiting up to a deadline). DPO parameters keep the DHT-announced,
+per-round `fetch`.
+
+Threads: the caller's thread (publish/receive/fetch), one uvloop event-loop thread (P2P streams: serving,
+announcements in and out, downloads), one heartbeat thread (membership read and write, re-announcements,
+and restarting the DHT child if it dies). Calls into the DHT child go through one lock so its pipe is
+written by one thread at a time.
 """
 
 from __future__ import annotations
@@ -13,15 +20,19 @@ import logging
 import random
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import uvloop
+from hivemind.utils.serializer import MSGPackSerializer
 
 from swarm_node.config import SwarmConfig
+from swarm_node.swarm import announce as A
 from swarm_node.swarm import records as R
-from swarm_node.swarm.dht import ensure_identity, kill_dht, start_dht
+from swarm_node.swarm.dht import RefusalTally, ensure_identity, kill_dht, start_dht, wait_dht_result
+from swarm_node.swarm.intake import Freshness, Intake, Offer
+from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.swarm.transfer import HANDLER, TransferError, download, make_handler, with_deadline
 
 POLL_S = 0.5
@@ -47,6 +58,33 @@ class Received:
     round: int
     payload: bytes
     member: R.MemberRecord | None
+    version: int = -1  # sender's policy version that generated the batch (-1: not announced)
+    age_s: float = 0.0  # receiver's clock minus the sender's generation time, when taken
+    version_lag: int = 0  # sender's newest announced version minus this batch's
+    arrived: float = 0.0  # unix time its download completed (arrived - generated: announcement to receipt)
+
+
+REFUSALS = ("too_large", "bad_time", "future_time", "bad_version", "future_round", "stale_age", "stale_version")
+"""Intake verdicts that are refusals of a peer's batch (counted under `rejected`)."""
+EVENTS = ("evicted", "superseded", "duplicate", "declined")
+"""Intake events that are not a peer's fault (counted on their own)."""
+MAX_DOWNLOADS = 4
+MAX_VIEW = 4096  # peers we may push to (membership + pushers); the intake keeps state for as many
+PUSH_TIMEOUT_S = 5.0
+
+
+@dataclass
+class RoundIntake:
+    """What one round received, and what the exchange cost since the previous round."""
+
+    batches: list[Received]
+    waited_s: float  # time the round spent waiting for peers (0 in async mode)
+    rejected: dict  # refusals by reason since the previous round (transport and freshness)
+    events: dict  # evictions, superseded, duplicates, declines since the previous round
+    payload_bytes_in: int
+    payload_bytes_out: int
+    control_bytes_in: int
+    control_bytes_out: int
 
 
 class DHTUnavailable(RuntimeError):
@@ -60,13 +98,30 @@ class SwarmNode:
         self.cfg = cfg
         self.info = info
         self.log = logger or logging.getLogger("swarm_node.swarm")
+        self._peer_log = RateLimitedLog(self.log)  # lines a peer can cause: rate-limited per reason
+        self._refusals = RefusalTally()  # records our DHT child refused (records.RecordGuard, bound_storage)
         self.peer_id = ""
         self._round = 0
-        self._keep = min(max(2, cfg.staleness_rounds + 1), R.MAX_ANNOUNCED_ROUNDS)
+        self._keep = min(max(8, cfg.staleness_rounds + 1), R.MAX_ANNOUNCED_ROUNDS)
         self._blobs: dict[str, OrderedDict[int, tuple[bytes, R.BlobEntry]]] = {k: OrderedDict() for k in R.KINDS}
         self._blob_lock = threading.Lock()
-        self._consumed: set[tuple[str, str, int]] = set()
-        self._counts = {"bytes_in": 0, "bytes_out": 0, "received": 0, "served": 0, "declined": 0, "dht_restarts": 0}
+        self._counts = {"bytes_in": 0, "bytes_out": 0, "received": 0, "served": 0, "declined": 0, "dht_restarts": 0,
+                        "control_bytes_in": 0, "control_bytes_out": 0, "announcements_in": 0,
+                        "announcements_out": 0, "push_failed": 0}
+        self.intake = Intake(
+            Freshness(cfg.max_batch_age_s, cfg.max_version_lag, cfg.max_clock_skew_s, cfg.max_version_jump),
+            max_batches=cfg.buffer_batches, max_bytes=cfg.buffer_bytes, max_size=cfg.max_batch_bytes,
+        )
+        self._accept: Callable[[R.MemberRecord], bool] | None = None
+        self._view: dict[str, R.MemberRecord] = {}  # peers we may push to: membership + who pushed to us
+        self._view_lock = threading.Lock()
+        self._greeted: set[str] = set()  # peers that already got our latest announcement once
+        self._pushing: set[str] = set()  # one push in flight per peer (a stopped peer cannot pile them up)
+        self._unreachable: dict[str, float] = {}  # peer -> monotonic time until which we skip it
+        self._latest_ann: A.BatchAnnouncement | None = None
+        self._tasks: set = set()
+        self._downloads: asyncio.Semaphore | None = None
+        self._last_round_stats: dict | None = None
         self._rejected: dict[str, int] = {}
         self._warned: set[tuple] = set()
         self._stat_lock = threading.Lock()
@@ -146,8 +201,32 @@ class SwarmNode:
         self._round = int(r)
 
     def stats(self) -> dict:
+        """Cumulative counters (tools read these); `round_stats`/`receive` give per-round deltas."""
+        counts = dict(self.intake.counts)
         with self._stat_lock:
-            return {**self._counts, "rejected": dict(self._rejected)}
+            rejected = dict(self._rejected)
+            out = {**self._counts}
+        for reason in REFUSALS:
+            if counts.get(reason):
+                rejected[reason] = rejected.get(reason, 0) + counts[reason]
+        out["declined"] += counts.get("declined", 0)
+        for ev in ("evicted", "superseded", "duplicate"):
+            out[ev] = counts.get(ev, 0)
+        return {**out, "rejected": rejected, "buffer": self.intake.snapshot()}
+
+    def set_accept(self, accept: Callable[[R.MemberRecord], bool] | None) -> None:
+        """Which peers we push to and download from (by their mode, task, tokenizer...); None: same mode."""
+        self._accept = accept
+
+    def round_stats(self) -> dict:
+        """Counters since the previous call: rejected and events by reason, payload and control bytes."""
+        now = self.stats()
+        before = self._last_round_stats or {"rejected": {}}
+        self._last_round_stats = now
+        rejected = {r: n - before["rejected"].get(r, 0) for r, n in now["rejected"].items()
+                    if n > before["rejected"].get(r, 0)}
+        keys = ("bytes_in", "bytes_out", "control_bytes_in", "control_bytes_out", *EVENTS)
+        return {"rejected": rejected, **{k: now.get(k, 0) - before.get(k, 0) for k in keys}}
 
     # ---- membership ----
 
@@ -178,6 +257,7 @@ class SwarmNode:
         except Exception as exc:
             self.log.debug("reading %s failed: %s", key, exc)
             return {}
+        self._count_control_in(found.value if found is not None else None)
         records, problems = R.parse_signed(found.value if found is not None else None, model)
         for owner, detail, once in problems:
             self._reject("bad_record", owner, f"{key}: {detail}", once=(key, *once))
@@ -185,8 +265,14 @@ class SwarmNode:
 
     # ---- blobs ----
 
-    def publish(self, kind: str, round: int, payload: bytes) -> None:
-        """Keep `payload` for the last few rounds and announce (round, size, sha256) to the swarm."""
+    def publish(self, kind: str, round: int, payload: bytes, *, version: int | None = None,
+                generated: float | None = None) -> None:
+        """Keep `payload` for the last few rounds and announce it; never blocks on peers.
+
+        A batch is announced by a push to F random neighbours (plus its DHT record at the next heartbeat);
+        `version` is the policy version that generated it (default round - 1) and `generated` the unix
+        time of generation (default now). Parameters (DPO) are announced in the DHT at once.
+        """
         if kind not in R.KINDS:
             raise ValueError(f"unknown blob kind {kind!r}; expected one of {R.KINDS}")
         payload = bytes(payload)
@@ -199,7 +285,200 @@ class SwarmNode:
             kept.move_to_end(entry.round)
             while len(kept) > self._keep:
                 kept.popitem(last=False)
-        self._announce(kind)
+        if kind != "batch":
+            self._announce(kind)
+            return
+        ann = A.BatchAnnouncement(
+            kind="batch", round=entry.round, version=max(int(round) - 1, 0) if version is None else int(version),
+            generated=float(time.time() if generated is None else generated), size=entry.size,
+            sha256=entry.sha256, mode=self.info.mode, model_name=self.info.model_name,
+            tokenizer_fp=self.info.tokenizer_fp, task_id=self.info.task_id,
+        )
+        self._latest_ann = ann
+        if self._loop is not None and not self._closed:
+            targets = self._push_targets(self.cfg.push_fanout)
+            self._loop.call_soon_threadsafe(self._push_to, targets, ann)
+
+    def _push_targets(self, n: int, exclude: set[str] | None = None) -> list[str]:
+        """A fresh random sample of n accepted, reachable neighbours (peer sampling over our view)."""
+        now = time.monotonic()
+        with self._view_lock:
+            pool = [pid for pid, m in self._view.items() if pid != self.peer_id and self._accepts_member(m)
+                    and self._unreachable.get(pid, 0.0) <= now and not (exclude and pid in exclude)]
+        return random.sample(pool, min(n, len(pool)))
+
+    def _accepts_member(self, m: R.MemberRecord) -> bool:
+        if self._accept is None:
+            return m.mode == self.info.mode
+        return self._accepts(self._accept, m)
+
+    def _push_to(self, targets: list[str], ann: A.BatchAnnouncement) -> None:
+        """On the loop thread: start one push per target (skipping peers with a push still in flight)."""
+        frame = A.encode(ann)
+        for pid in targets:
+            if pid in self._pushing:
+                continue
+            self._pushing.add(pid)
+            self._spawn(self._push_one(pid, frame))
+
+    async def _push_one(self, pid: str, frame: bytes) -> None:
+        try:
+            p2p = self._p2p
+            if p2p is None:
+                raise ConnectionError("P2P is restarting")
+            await A.push(p2p, pid, frame, PUSH_TIMEOUT_S)
+            with self._stat_lock:
+                self._counts["control_bytes_out"] += len(frame)
+                self._counts["announcements_out"] += 1
+        except Exception as exc:  # dial failures, timeouts (a stopped peer), closed streams
+            with self._stat_lock:
+                self._counts["push_failed"] += 1
+            self._unreachable[pid] = time.monotonic() + self.cfg.heartbeat_s
+            self.log.debug("pushing an announcement to %s failed: %s", pid, exc)
+        finally:
+            self._pushing.discard(pid)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _on_announcement(self, peer_id: str, ann: A.BatchAnnouncement | None, problem: str, nbytes: int) -> None:
+        """On the loop thread: an authenticated peer announced a batch (or sent something invalid)."""
+        with self._stat_lock:
+            self._counts["control_bytes_in"] += nbytes
+            self._counts["announcements_in"] += 1
+        if ann is None:
+            self._reject("bad_announcement", peer_id, problem, once=("bad_announcement", peer_id))
+            return
+        member = R.MemberRecord(peer_id=peer_id, mode=ann.mode, model_name=ann.model_name,
+                                tokenizer_fp=ann.tokenizer_fp, task_id=ann.task_id, round=ann.round,
+                                updated=float(time.time()))
+        if not self._accepts_member(member):
+            with self._stat_lock:
+                self._counts["declined"] += 1
+            return
+        first = False
+        with self._view_lock:
+            if peer_id not in self._view:
+                first = len(self._view) < MAX_VIEW  # a flood of fresh identities does not grow the view
+            if first or peer_id in self._view:
+                self._view[peer_id] = member
+        offer = Offer(peer_id=peer_id, round=ann.round, version=ann.version, generated=ann.generated,
+                      size=ann.size, sha256=ann.sha256, info={"member": member})
+        verdict, to_fetch = self.intake.offer(offer)
+        if verdict in REFUSALS:
+            self._log_refusal(peer_id, verdict, f"batch round {ann.round} version {ann.version}, {ann.size} bytes")
+        if to_fetch is not None:
+            self._spawn(self._download_offer(to_fetch))
+        if first and self._latest_ann is not None and peer_id not in self._greeted:
+            self._greeted.add(peer_id)
+            self._push_to([peer_id], self._latest_ann)  # a newcomer learns of our newest batch at once
+
+    def _log_refusal(self, peer_id: str, reason: str, detail: str) -> None:
+        self.log.warning("rejected from peer %s: %s (%s)", peer_id, reason, detail)
+
+    async def _download_offer(self, offer: Offer) -> None:
+        """Background download of an accepted offer into the intake buffer; then the peer's next offer."""
+        payload = None
+        try:
+            if self._downloads is None:
+                self._downloads = asyncio.Semaphore(MAX_DOWNLOADS)
+            async with self._downloads:
+                entry = R.BlobEntry(round=offer.round, size=offer.size, sha256=offer.sha256)
+                end = time.monotonic() + self.cfg.collect_deadline_s
+                for _attempt in range(FETCH_ATTEMPTS):
+                    payload, reason = await self._download("batch", offer.peer_id, entry, end - time.monotonic())
+                    if payload is not None or reason not in RETRIABLE or time.monotonic() >= end:
+                        break
+                    await asyncio.sleep(0.2)
+        finally:
+            nxt = self.intake.fetched(offer, payload)
+            if nxt is not None and not self._closed:
+                self._spawn(self._download_offer(nxt))
+
+    def receive(self, k: int, *, accept: Callable[[R.MemberRecord], bool] | None = None,
+                lockstep: bool = False, round: int = 0, staleness: int = 0,
+                deadline_s: float = 0.0) -> RoundIntake:
+        """Peers' batches for one round (at most one per peer, at most k), plus this round's exchange costs.
+
+        Async (default): takes what has arrived, at once; nothing arrived -> no batches. Lockstep: waits up
+        to `deadline_s` until min(k, accepted live peers) batches of rounds >= round - staleness are there.
+        """
+        t0 = time.perf_counter()
+        batches = self._take(k, accept, lockstep, round, staleness, deadline_s) if k > 0 and not self._closed else []
+        waited = time.perf_counter() - t0
+        st = self.round_stats()
+        events = {e: st[e] for e in EVENTS if st.get(e)}
+        return RoundIntake(batches, waited, st["rejected"], events, st["bytes_in"], st["bytes_out"],
+                           st["control_bytes_in"], st["control_bytes_out"])
+
+    def collect(
+        self, kind: str, round: int, *, k: int, staleness: int, deadline_s: float,
+        accept: Callable[[R.MemberRecord], bool] | None = None,
+    ) -> list[Received]:
+        """Lockstep receive of batches: wait up to the deadline for k batches of rounds >= round - staleness."""
+        if kind != "batch":
+            raise ValueError("collect() moves rollout batches; parameters use fetch()")
+        if k <= 0 or self._closed:
+            return []
+        return self._take(k, accept, True, int(round), staleness, deadline_s)
+
+    def _take(self, k, accept, lockstep, round_, staleness, deadline_s) -> list[Received]:
+        def ok(offer: Offer) -> bool:
+            return accept is None or self._accepts(accept, offer.info["member"])
+
+        min_round = round_ - staleness if lockstep else None
+        if lockstep:
+            end = time.monotonic() + deadline_s
+            self._refresh_view()  # lockstep waits for every live peer, so it needs today's membership
+            with self.intake.cond:
+                while not self._closed:
+                    want = min(k, self._count_others(accept))  # nobody else live: nothing to wait for
+                    if self.intake.count_ready(ok, min_round=min_round) >= want:
+                        break
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.intake.cond.wait(min(left, POLL_S))
+        taken, refetch = self.intake.take(k, ok, min_round=min_round)
+        for offer in refetch:
+            self._run_soon(self._download_offer(offer))
+        out = []
+        for b, (age, lag) in zip(taken, self.intake.ages(taken), strict=True):
+            o = b.offer
+            out.append(Received(o.peer_id, o.round, b.payload, o.info.get("member"), o.version, age, lag, b.arrived))
+        return out
+
+    def _count_others(self, accept) -> int:
+        with self._view_lock:
+            members = [m for pid, m in self._view.items() if pid != self.peer_id]
+        return sum(1 for m in members if self._accepts_member(m) and (accept is None or self._accepts(accept, m)))
+
+    def _run_soon(self, coro) -> None:
+        if self._loop is not None and not self._closed:
+            self._loop.call_soon_threadsafe(self._spawn, coro)
+        else:
+            coro.close()
+
+    def fetch(self, kind: str, peer_id: str, round: int, deadline_s: float) -> bytes | None:
+        """One peer's blob for one round, waiting until it is announced in the DHT (up to the deadline)."""
+        if self._closed:
+            return None
+        try:
+            return self._run(self._fetch(kind, peer_id, int(round), deadline_s), deadline_s + 10)
+        except Exception as exc:
+            self.log.warning("fetch(%s, %s, round %d) failed: %s", kind, peer_id, round, exc)
+            return None
+
+    @staticmethod
+    def _accepts(accept, member: R.MemberRecord) -> bool:
+        if accept is None:
+            return True
+        try:
+            return bool(accept(member))
+        except Exception:
+            return False
 
     def _announce(self, kind: str) -> None:
         with self._blob_lock:
@@ -210,6 +489,8 @@ class SwarmNode:
         self._store(R.blobs_key(self.cfg.swarm_id, kind), value)
 
     def _store(self, key: str, value) -> bool:
+        with self._stat_lock:
+            self._counts["control_bytes_out"] += len(key) + len(self._subkey) + len(MSGPackSerializer.dumps(value))
         try:
             ok = self._dht_call("store", key, value, time.time() + self.cfg.record_ttl_s, subkey=self._subkey)
         except Exception as exc:
@@ -223,103 +504,6 @@ class SwarmNode:
         with self._blob_lock:
             item = self._blobs.get(kind, {}).get(round_)
         return item[0] if item else None
-
-    def collect(
-        self, kind: str, round: int, *, k: int, staleness: int, deadline_s: float,
-        accept: Callable[[R.MemberRecord], bool] | None = None,
-    ) -> list[Received]:
-        """Pull fresh, not yet consumed blobs of up to k random peers in parallel, until the deadline.
-
-        Returns early once it holds blobs from min(k, number of other accepted live peers) peers.
-        Failures are counted and logged, never raised.
-        """
-        if k <= 0 or self._closed:
-            return []
-        try:
-            return self._run(self._collect(kind, int(round), k, staleness, deadline_s, accept), deadline_s + 10)
-        except Exception as exc:
-            self.log.warning("collect(%s, round %d) failed: %s", kind, round, exc)
-            return []
-
-    def fetch(self, kind: str, peer_id: str, round: int, deadline_s: float) -> bytes | None:
-        """One peer's blob for one round, waiting until it is announced (up to the deadline)."""
-        if self._closed:
-            return None
-        try:
-            return self._run(self._fetch(kind, peer_id, int(round), deadline_s), deadline_s + 10)
-        except Exception as exc:
-            self.log.warning("fetch(%s, %s, round %d) failed: %s", kind, peer_id, round, exc)
-            return None
-
-    async def _collect(self, kind, round_, k, staleness, deadline_s, accept) -> list[Received]:
-        loop = asyncio.get_running_loop()
-        end = time.monotonic() + deadline_s
-        results: list[Received] = []
-        running: dict[asyncio.Task, tuple[str, R.BlobEntry, R.MemberRecord | None]] = {}
-        tried: set[str] = set()
-        attempts: Counter[str] = Counter()
-        failed = 0
-        want = k
-        self._consumed = {c for c in self._consumed if c[2] >= round_ - staleness - 1}  # bounded memory
-        try:
-            while time.monotonic() < end and len(results) < k:
-                anns = await loop.run_in_executor(None, self._read_announcements, kind)
-                members = await loop.run_in_executor(None, self._read_members)
-                others = [m for pid, m in members.items() if pid != self.peer_id and self._accepts(accept, m)]
-                want = min(k, max(len(others) - failed, 0))
-                fresh = []
-                for pid, ann in anns.items():
-                    entry = ann.latest
-                    if pid == self.peer_id or pid in tried or entry is None or entry.round < round_ - staleness:
-                        continue
-                    if (kind, pid, entry.round) in self._consumed:
-                        continue
-                    member = members.get(pid)
-                    if accept is not None and (member is None or not self._accepts(accept, member)):
-                        tried.add(pid)
-                        with self._stat_lock:
-                            self._counts["declined"] += 1
-                        continue
-                    fresh.append((pid, entry, member))
-                random.shuffle(fresh)
-                for pid, entry, member in fresh[: max(k - len(results) - len(running), 0)]:
-                    tried.add(pid)
-                    attempts[pid] += 1
-                    task = asyncio.ensure_future(self._download(kind, pid, entry, end - time.monotonic()))
-                    running[task] = (pid, entry, member)
-                if not running and len(results) >= want:
-                    break
-                wait = min(POLL_S, max(end - time.monotonic(), 0.0))
-                if running:
-                    done, _ = await asyncio.wait(running, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-                else:
-                    done = set()
-                    await asyncio.sleep(wait)
-                for task in done:
-                    pid, entry, member = running.pop(task)
-                    payload, reason = task.result()
-                    if payload is not None:
-                        self._consumed.add((kind, pid, entry.round))
-                        results.append(Received(pid, entry.round, payload, member))
-                    elif reason in RETRIABLE and attempts[pid] < FETCH_ATTEMPTS:
-                        tried.discard(pid)  # picked again at the next poll, while the deadline allows
-                    else:
-                        self._consumed.add((kind, pid, entry.round))
-                        failed += 1
-        finally:
-            for task, (pid, entry, _m) in running.items():
-                task.cancel()
-                self._reject("timeout", pid, f"{kind} round {entry.round} not complete at the deadline")
-        return results
-
-    @staticmethod
-    def _accepts(accept, member: R.MemberRecord) -> bool:
-        if accept is None:
-            return True
-        try:
-            return bool(accept(member))
-        except Exception:
-            return False
 
     async def _fetch(self, kind: str, peer_id: str, round_: int, deadline_s: float) -> bytes | None:
         loop = asyncio.get_running_loop()
@@ -366,6 +550,16 @@ class SwarmNode:
 
     # ---- counters ----
 
+    def _count_control_in(self, value) -> None:
+        """Application-level size of a DHT read (subkeys + serialized values; RPC framing not included)."""
+        n = 0
+        if isinstance(value, dict):
+            for subkey, item in value.items():
+                raw = getattr(item, "value", None)
+                n += (len(subkey) if isinstance(subkey, bytes) else 0) + len(MSGPackSerializer.dumps(raw))
+        with self._stat_lock:
+            self._counts["control_bytes_in"] += n
+
     def _count_in(self, n: int) -> None:
         with self._stat_lock:
             self._counts["bytes_in"] += n
@@ -385,7 +579,7 @@ class SwarmNode:
                     self._warned.clear()
                 self._warned.add(once)
             self._rejected[reason] = self._rejected.get(reason, 0) + 1
-        self.log.warning("rejected from peer %s: %s (%s)", peer_id, reason, detail)
+        self._peer_log.warning(reason, "rejected from peer %s: %s (%s)", peer_id, reason, detail)
 
     # ---- DHT + P2P plumbing ----
 
@@ -400,13 +594,17 @@ class SwarmNode:
 
     def _dht_call(self, method: str, *args, **kwargs):
         with self._dht_lock:
-            future = getattr(self._require_dht(), method)(*args, return_future=True, **kwargs)
-        return future.result(DHT_CALL_TIMEOUT_S)
+            dht = self._require_dht()
+            future = getattr(dht, method)(*args, return_future=True, **kwargs)
+        return wait_dht_result(dht, future, DHT_CALL_TIMEOUT_S)  # ends early if the child dies
 
     def _attach_p2p(self) -> None:
         async def attach():
             p2p = await self._dht.replicate_p2p()
-            await p2p.add_binary_stream_handler(HANDLER, make_handler(self._lookup, self._count_out))
+            # late-bound lookup, so a test may swap what is served after start
+            await p2p.add_binary_stream_handler(HANDLER, make_handler(lambda k, r: self._lookup(k, r), self._count_out,
+                                                                   self._reject, kinds=frozenset(R.KINDS)))
+            await p2p.add_binary_stream_handler(A.HANDLER, A.make_handler(self._on_announcement))
             return p2p
 
         with self._dht_lock:
@@ -431,9 +629,44 @@ class SwarmNode:
                 self.log.debug("withdrawing %s: %s", key, exc)
 
     def _heartbeat(self) -> None:
+        """Write our membership and DHT announcements, read membership once, re-push our newest batch."""
+        for reason, n in self._refusals.poll(self._dht_call).items():
+            with self._stat_lock:
+                self._rejected[reason] = self._rejected.get(reason, 0) + n
         self._store(R.members_key(self.cfg.swarm_id), self._member_record())
         for kind in R.KINDS:
             self._announce(kind)
+        self._refresh_view()
+
+    def _refresh_view(self) -> None:
+        """Membership read (once per heartbeat): who we may push to, and what round each peer has signed.
+
+        Newcomers get our newest announcement at once; F random neighbours get it again (repairs a push
+        lost to a restart). Peers gone from membership and silent for a TTL are forgotten.
+        """
+        members = self._read_members()
+        if not members and self._dht is None:
+            return
+        now = time.time()
+        heard = self.intake.heard_since(now - self.cfg.record_ttl_s)
+        with self._view_lock:
+            for pid, m in members.items():
+                if pid != self.peer_id:
+                    self._view[pid] = m
+            gone = [pid for pid in self._view if pid not in members and pid not in heard]
+            for pid in gone:
+                del self._view[pid]
+                self._greeted.discard(pid)
+        for pid, m in members.items():
+            self.intake.note_member(pid, m.round)
+        self.intake.forget(gone)
+        ann = self._latest_ann
+        if ann is None or self._loop is None or self._closed:
+            return
+        fresh = [pid for pid in self._push_targets(len(members)) if pid not in self._greeted]
+        self._greeted.update(fresh)
+        again = self._push_targets(self.cfg.push_fanout, exclude=set(fresh))
+        self._loop.call_soon_threadsafe(self._push_to, fresh + again, ann)
 
     def _heartbeat_loop(self) -> None:
         next_beat = time.monotonic() + self.cfg.heartbeat_s
