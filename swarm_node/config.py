@@ -81,6 +81,14 @@ class GenerationConfig(_Section):
                                    "max_prompt_tokens tokens (left cut), as peers' prompts are rebuilt the same way")
     vllm: VLLMConfig = VLLMConfig()
 
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: object) -> object:
+        """YAML reads a bare `off` / `on` as a boolean: take them as the words they were."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
+
 
 class TaskConfig(_Section):
     """Where prompts and rewards come from (docs/tasks.md)."""

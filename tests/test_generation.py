@@ -384,3 +384,21 @@ def test_gradient_checkpointing_gives_the_same_step(loaded, lora):
     assert grads[0].keys() == grads[1].keys()
     for k in grads[0]:
         torch.testing.assert_close(grads[0][k], grads[1][k], atol=1e-6, rtol=1e-5)
+
+
+def test_vllm_settings_are_config_keys():
+    from swarm_node.config import load_config
+    from swarm_node.errors import ConfigError
+
+    cfg = load_config(None, ["generation.backend=vllm", "generation.vllm.kv_cache_gib=0.5",
+                             "generation.vllm.max_model_len=128", "generation.vllm.lora_sync=adapter",
+                             "generation.chat_template=off", "generation.max_prompt_tokens=64",
+                             "training.gradient_checkpointing=true"])
+    v = cfg.generation.vllm
+    assert (v.kv_cache_gib, v.max_model_len, v.lora_sync, v.gpu_memory_utilization) == (0.5, 128, "adapter", None)
+    assert cfg.generation.chat_template == "off" and cfg.generation.max_prompt_tokens == 64
+    assert cfg.training.gradient_checkpointing
+    with pytest.raises(ConfigError, match=r"generation\.vllm\.kv_cache_gb"):
+        load_config(None, ["generation.vllm.kv_cache_gb=1"])
+    with pytest.raises(ConfigError, match=r"generation\.vllm\.gpu_memory_utilization"):
+        load_config(None, ["generation.vllm.gpu_memory_utilization=0.95x"])

@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from swarm_node.node.local_swarm import Peer, child_env, start_bootstrap, stop_process, write_peer_config
 
 from swarm_node.node.metrics import read_metrics
+from swarm_node.runs.local_swarm import Peer, child_env, start_bootstrap, stop_process, write_peer_config
 
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("SWARM_NODE_REQUIRE_VLLM") == "1":
