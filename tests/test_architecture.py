@@ -76,6 +76,11 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_import_contracts_are_kept(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.chdir(ROOT)
+    # lint_imports configures logging with dictConfig, which disables every logger that already exists
+    # (disable_existing_loggers): later tests in this process would then capture no log records
+    import importlinter.cli
+
+    monkeypatch.setattr(importlinter.cli, "_configure_logging", lambda verbose: None)
     code = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
     out = capsys.readouterr().out
     assert code == 0, out
