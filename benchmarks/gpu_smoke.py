@@ -5,8 +5,15 @@
    teacher-forced recompute, one F-TIS optimizer step (peak memory, seconds), full and LoRA.
 2. The same log-prob check in fp32 (TF32 off), where the CPU tests demand <= 1e-4.
 3. A tiny-s GRPO node on the GPU (bf16 when supported) for a few rounds: accuracy before/after.
+4. Both generation backends on the Qwen2.5-0.5B-shaped model in bf16, same prompts, G and max tokens:
+   tokens/s, peak GPU memory, the vLLM weight-sync time after an optimizer step, and the gap between
+   vLLM's behaviour log-probs and the trainer's recompute (bf16: reported, not asserted).
 
-    python benchmarks/gpu_smoke.py --json OUT.json
+The one prepared command on a GPU machine (installs the CUDA torch and the [vllm] extra, then runs all):
+
+    scripts/setup.sh dev,vllm && .venv/bin/python benchmarks/gpu_smoke.py --json OUT.json
+
+`--only backends` runs just section 4.
 """
 
 from __future__ import annotations
@@ -111,10 +118,78 @@ def section_tiny_node(res: dict, rounds: int) -> None:
                                    "train_s": float(np.mean([r["train_s"] for r in rows]))}
 
 
+def section_backends(res: dict, p_n: int = 32, g: int = 8, max_new: int = 128) -> None:
+    """transformers vs vLLM in bf16 on one model: tokens/s and peak memory, then a step + weight sync."""
+    from swarm_node.config import GenerationConfig, TrainingConfig
+    from swarm_node.generation.hf import TransformersGenerator
+    from swarm_node.generation.vllm_backend import VLLMGenerator
+    from swarm_node.models.factory import build_tokenizer
+    from swarm_node.models.loading import load_model
+    from swarm_node.training.grpo_step import GRPOTrainer
+
+    tok = build_tokenizer()
+    with tempfile.TemporaryDirectory() as d:
+        qwen05b_shaped(torch.bfloat16).save_pretrained(d)
+        tok.save_pretrained(d)  # prompts use the char tokenizer's ids, a subset of the model's vocab
+        torch.cuda.empty_cache()
+        loaded = load_model(d, dtype="bfloat16", device="cuda")
+        rng = np.random.default_rng(2)
+        prompts = [rng.integers(3, len(tok), size=int(n)).tolist() for n in rng.integers(20, 80, size=p_n)]
+        out: dict = {"P": p_n, "G": g, "max_new_tokens": max_new}
+        hf = TransformersGenerator(loaded.model, eos_token_id=151643, pad_token_id=tok.pad_token_id, batch_size=p_n * g)
+        hf.generate(prompts[:2], 2, max_new_tokens=8, seed=0)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        o = hf.generate(prompts, g, max_new_tokens=max_new, seed=1)
+        torch.cuda.synchronize()
+        secs = time.perf_counter() - t0
+        n = sum(len(s.token_ids) for ss in o for s in ss)
+        out["transformers"] = {"tokens": n, "s": round(secs, 3), "tokens_per_s": round(n / secs, 1),
+                               "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        vg = VLLMGenerator.for_loaded_model(loaded, GenerationConfig(backend="vllm", max_new_tokens=max_new,
+                                                                     max_prompt_tokens=128))
+        out["vllm_start_s"] = round(time.perf_counter() - t0, 1)
+        vg.stop_token_ids = [151643]
+        vg.generate(prompts[:2], 2, max_new_tokens=8, seed=0)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        o = vg.generate(prompts, g, max_new_tokens=max_new, seed=1)
+        torch.cuda.synchronize()
+        secs = time.perf_counter() - t0
+        n = sum(len(s.token_ids) for ss in o for s in ss)
+        free, total = torch.cuda.mem_get_info()
+        out["vllm"] = {"tokens": n, "s": round(secs, 3), "tokens_per_s": round(n / secs, 1),
+                       "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                       "gpu_used_gib": round((total - free) / 2**30, 2)}
+        out["ratio_vllm_over_transformers"] = round(out["vllm"]["tokens_per_s"] / out["transformers"]["tokens_per_s"], 2)
+        from swarm_node.training.groups import TrainGroup
+
+        groups = [TrainGroup(prompt_ids=np.asarray(p), completions=[s.token_ids for s in ss],
+                             behaviour_logprobs=[s.logprobs for s in ss],
+                             rewards=rng.integers(0, 2, size=len(ss)).astype(np.float32))
+                  for p, ss in zip(prompts[:8], o[:8], strict=True)]
+        trainer = GRPOTrainer(loaded.model, TrainingConfig(variant="ftis", micro_batch_size=16, lr=1e-6),
+                              tok.pad_token_id)
+        out["vllm_logprob_gap_bf16"] = logprob_gap(trainer, groups)
+        trainer.step(groups)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        vg.sync_weights(loaded.model)
+        torch.cuda.synchronize()
+        out["vllm_sync_s"] = round(time.perf_counter() - t0, 3)
+        res["backends_bf16"] = out
+        del vg, hf, trainer, loaded
+        torch.cuda.empty_cache()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--only", choices=["bf16", "bf16_lora", "fp32", "tiny_node", "backends"], default=None)
     args = ap.parse_args()
     assert torch.cuda.is_available(), "this smoke test needs a CUDA GPU"
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -124,7 +199,10 @@ def main() -> None:
     for name, fn in (("bf16", lambda: section_big("bf16", False, res)),
                      ("bf16_lora", lambda: section_big("bf16", True, res)),
                      ("fp32", lambda: section_big("fp32", False, res)),
-                     ("tiny_node", lambda: section_tiny_node(res, args.rounds))):
+                     ("tiny_node", lambda: section_tiny_node(res, args.rounds)),
+                     ("backends", lambda: section_backends(res))):
+        if args.only and name != args.only:
+            continue
         try:
             fn()
         except Exception:

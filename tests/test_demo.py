@@ -62,7 +62,8 @@ def test_demo_writes_report_and_plots(demo_out):
             for key in ("start_accuracy", "end_accuracy", "best_accuracy"):
                 assert isinstance(s[key], float) and 0.0 <= s[key] <= 1.0, (arm, name, key, s[key])
             assert [r for r, _ in s["accuracy_curve"]] == [0, 2]
-            assert 0 <= s["local_groups"] <= 2 * 16  # groups with a learning signal (16 prompts a round)
+            # groups with a learning signal: some of the 2 x 16 prompts, never more
+            assert 0 < s["local_groups"] <= 2 * 16, (arm, name, s["local_groups"])
             if arm == "swarm":
                 assert s["external_groups"] > 0 and s["bytes_out"] > 0 and s["bytes_in"] > 0, (name, s)
                 assert s["external_groups_by_peer"] and all(":" in k for k in s["external_groups_by_peer"])

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from swarm_node import topology as T
+from swarm_node import gossip as A
 from swarm_node.errors import UserFacingError
-from swarm_node.node import averaging as A
+from swarm_node.gossip import payload
+from swarm_node.gossip import topology as T
 from swarm_node.tasks.preferences import PreferencePair, SyntheticPreferences, load_preference_file, split_hh
 from swarm_node.training.dpo import (
     DPOTrainer,
@@ -21,6 +22,7 @@ from swarm_node.training.dpo import (
     sequence_logps,
     tokenize_pairs,
 )
+from swarm_node.training.params import trainable_named
 
 
 @pytest.fixture(autouse=True)
@@ -274,8 +276,8 @@ def test_hostile_payloads_are_rejected() -> None:
     assert reason("text") == "type"
     assert reason(blob, max_bytes=10) == "too_large"
     # a well-formed header followed by garbage protobuf
-    head = blob[: A._HEADER.size]
-    assert reason(head + A._LEN.pack(5) + b"\xff\xff\xff\xff\xff" + A._LEN.pack(0)) in {"bad_proto", "bad_encoding"}
+    head = blob[: payload._HEADER.size]
+    assert reason(head + payload._LEN.pack(5) + b"\xff\xff\xff\xff\xff" + payload._LEN.pack(0)) in {"bad_proto", "bad_encoding"}
     # the payload passes through gossip_step as a counted rejection, not an exception
     ids = ["a", "b", "c"]
     rejects = A.RejectCounter()
@@ -302,7 +304,7 @@ def test_averaging_beats_local_training_on_the_mixture(tok) -> None:
     solo_tr = DPOTrainer(solo, tok, task.user_pairs(0, 128, seed=0), lr=3e-3, batch_size=16, seed=0)
     fp = A.arch_fingerprint(models[0])
     adj = T.adjacency("ring", n)
-    shapes = [p.shape for _, p in A.trainable_named(models[0])]
+    shapes = [p.shape for _, p in trainable_named(models[0])]
     dists = []
     for _ in range(rounds):
         for t in trainers:
@@ -361,18 +363,18 @@ def test_sigterm_at_any_point_ends_on_an_evaluated_round(tok, tmp_path, monkeypa
     cfg = load_config(None, ["mode=dpo", f"model.path={model_dir}", "dpo.pairs_per_user=16",
                              "dpo.heldout_pairs=16", "metrics.eval_every=100"])
     assert cfg.rounds is None  # only the signal ends this run
-    hook_round = dpo_node._Node.round if when == "during_round" else MetricsWriter.write
+    hook_round = dpo_node.DPONode.run_round if when == "during_round" else MetricsWriter.write
 
     def signalling(self, *args, **kwargs):
-        if when == "during_round" and args[0] == 1:
+        if when == "during_round" and self.round == 1:
             os.kill(os.getpid(), signal.SIGTERM)
         out = hook_round(self, *args, **kwargs)
         if when == "after_evaluation" and args[0]["round"] == 1:
             os.kill(os.getpid(), signal.SIGTERM)
         return out
 
-    monkeypatch.setattr(dpo_node._Node if when == "during_round" else MetricsWriter,
-                        "round" if when == "during_round" else "write", signalling)
+    monkeypatch.setattr(dpo_node.DPONode if when == "during_round" else MetricsWriter,
+                        "run_round" if when == "during_round" else "write", signalling)
     handler_before = signal.getsignal(signal.SIGTERM)
     assert dpo_node.run_dpo_node(cfg, tmp_path / "state", log_level="warning") == 0
     assert signal.getsignal(signal.SIGTERM) is handler_before  # the caller's handler is back

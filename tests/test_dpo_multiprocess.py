@@ -173,3 +173,58 @@ def test_sigterm_finishes_the_round_and_exits_zero(tmp_path: Path, model_dir: Pa
     rows = _rows(tmp_path, 0)
     assert [r["round"] for r in rows] == list(range(len(rows)))
     assert rows[-1]["heldout_pref_acc"] is not None  # the interrupted round was evaluated and logged
+
+
+def test_a_restarted_ring_node_resumes_and_catches_up_with_its_neighbours(tmp_path: Path, model_dir: Path) -> None:
+    """3-node ring; node 2 is stopped mid-run (SIGTERM during a gossip round) and started again with the same
+    --state-dir. It resumes from its checkpoint, skips to the round its neighbours are in (rather than asking
+    them for rounds they finished long ago), and averages with them again; every node logs each round once."""
+    victim = 2
+    boot, maddr = _bootstrap("dpo-resume", tmp_path)
+    procs: list[subprocess.Popen] = []
+
+    def sets(i: int) -> list[str]:  # no round limit: the test stops every node with SIGTERM
+        return ["swarm.swarm_id=dpo-resume", "dpo.min_peers=3", f"dpo.user={i}", "dpo.lr=0.003",
+                "checkpoint.every_rounds=5", f"swarm.identity_path={tmp_path / f'id{i}.key'}"]
+
+    def wait_for(i: int, done, proc: subprocess.Popen, what: str) -> None:
+        end = time.monotonic() + 180
+        while not done(_rows(tmp_path, i)) and time.monotonic() < end:
+            assert proc.poll() is None, (tmp_path / f"n{i}.log").read_text()[-3000:]
+            time.sleep(0.1)
+        assert done(_rows(tmp_path, i)), f"node {i}: {what}"
+
+    try:
+        procs = [_node(i, tmp_path, maddr, model_dir, sets(i)) for i in range(3)]
+        wait_for(victim, lambda rows: len(rows) >= 8, procs[victim], "8 rounds")
+        procs[victim].send_signal(signal.SIGTERM)
+        assert procs[victim].wait(60) == 0, (tmp_path / f"n{victim}.log").read_text()[-3000:]
+        last_before = _rows(tmp_path, victim)[-1]["round"]
+        wait_for(0, lambda rows: len(rows) >= last_before + 9, procs[0], "going on alone")
+        (tmp_path / f"n{victim}.log").rename(tmp_path / f"n{victim}-first.log")
+        procs[victim] = _node(victim, tmp_path, maddr, model_dir, sets(victim))
+        wait_for(victim, lambda rows: sum(r["round"] > last_before for r in rows) >= 12, procs[victim],
+                 "12 rounds after the restart")
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for i, p in enumerate(procs):
+            assert p.wait(60) == 0, (tmp_path / f"n{i}.log").read_text()[-3000:]
+    finally:
+        _stop(procs + [boot])
+    log = (tmp_path / f"n{victim}.log").read_text()
+    assert f"continuing at round {last_before + 1}" in log, log[-3000:]
+    assert "catching up from round" in log, log[-3000:]
+    rows = _rows(tmp_path, victim)
+    got = [r["round"] for r in rows]
+    assert got == sorted(set(got)), got  # each round once, increasing
+    assert got[: last_before + 1] == list(range(last_before + 1))
+    resumed_at = got[last_before + 1]
+    assert resumed_at >= last_before + 9, (last_before, resumed_at)  # skipped to the neighbours' round
+    after = [r for r in rows if r["round"] > resumed_at + 2]
+    assert after and sum(len(r["neighbours"]) == 2 for r in after) >= 0.7 * len(after), after
+    for i in (0, 1):
+        rows_i = _rows(tmp_path, i)
+        assert [r["round"] for r in rows_i] == list(range(len(rows_i))), f"node {i}"
+        back = [r for r in rows_i if resumed_at + 2 < r["round"] <= after[-1]["round"]]
+        assert back and sum(victim_id in r["neighbours"] for r in back for victim_id in [rows[-1]["peer_id"]]) \
+            >= 0.7 * len(back), (i, back)

@@ -1,4 +1,4 @@
-"""`swarm-node eval` and `node.evaluation.evaluate` against a hand-written greedy loop."""
+"""`swarm-node eval` and `swarm_node.evaluation.evaluate` against a hand-written greedy loop."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from swarm_node.models.factory import PRESETS, build_model, build_tokenizer, greedy_accuracy
+from swarm_node.evaluation import evaluate, greedy_accuracy
+from swarm_node.models.factory import PRESETS, build_model, build_tokenizer
 from swarm_node.models.loading import load_model
-from swarm_node.node.evaluation import evaluate
 from swarm_node.tasks.arithmetic import ArithmeticTask
 from swarm_node.tasks.base import Prompt
 
@@ -52,6 +52,7 @@ def hand_greedy(model, tokenizer, text: str, max_new_tokens: int) -> str:
     return tokenizer.decode(out, skip_special_tokens=True)
 
 
+@pytest.mark.slow  # starts a DHT or a subprocess
 def test_cli_json_matches_a_hand_loop(model_dir, tmp_path):
     n = 12
     res = cli("--model", str(model_dir), "--task", "arithmetic", "--split", "ood", "--n", str(n), "--json",
@@ -60,7 +61,7 @@ def test_cli_json_matches_a_hand_loop(model_dir, tmp_path):
     out = json.loads(res.stdout)
     assert out["n"] == n and 0.0 <= out["accuracy"] <= 1.0
     assert out["split"] == "ood" and out["task"] == "arithmetic" and out["model"] == str(model_dir)
-    assert out["max_new_tokens"] == 8 and out["seconds"] >= 0
+    assert out["max_new_tokens"] == 8 and out["seconds"] > 0
     loaded = load_model(str(model_dir), dtype="float32", device="cpu")
     loaded.model.eval()
     task = ArithmeticTask()
@@ -69,6 +70,7 @@ def test_cli_json_matches_a_hand_loop(model_dir, tmp_path):
     assert out["accuracy"] == pytest.approx(float(np.mean(hits)))
 
 
+@pytest.mark.slow  # starts a DHT or a subprocess
 def test_cli_readable_line_and_errors(model_dir, tmp_path):
     res = cli("--model", str(model_dir), "--n", "3", "--max-new-tokens", "2", tmp_path=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -78,6 +80,12 @@ def test_cli_readable_line_and_errors(model_dir, tmp_path):
     assert bad.returncode == 2 and "eval_split 'ood'" in bad.stderr and "Traceback" not in bad.stderr
     missing = cli("--model", str(tmp_path / "nope"), "--n", "2", tmp_path=tmp_path)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    neither = tmp_path / "neither"
+    neither.mkdir()
+    (neither / "notes.txt").write_text("not a model")
+    res = cli("--model", str(neither), "--n", "2", tmp_path=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip().count("\n") == 0 and "not a model directory" in res.stderr, res.stderr
 
 
 class ScriptedTask(ArithmeticTask):

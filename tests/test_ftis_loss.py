@@ -21,22 +21,33 @@ def _tensors(logp=LOGP, logq=LOGQ, mask=MASK, adv=ADV, grad=False):
     return lp, torch.tensor(logq), torch.tensor(mask), torch.tensor(adv)
 
 
-def _reference(variant, logp, logq, mask, adv, cap=2.0, g=50.0):
-    """Scalar loop version of the formulas in DESIGN.md; returns (loss, d loss / d logp, kept)."""
-    weight = {"on_policy": "ratio", "is": "ratio", "tis": "cap", "ftis": "cap"}.get(variant, "one")
-    use_filter = variant in ("filter", "ftis")
+def _reference(variant, logp, logq, mask, adv, cap=2.0, g=50.0, eps=0.2):
+    """Scalar loop version of the formulas in DESIGN.md; returns (loss, d loss / d logp, kept).
+
+    vis/fvis (the paper's VIS): per token min(r A, clip(r, 1-eps, 1+eps) A) with r = pi/q carrying the
+    gradient, so d/d logp = r A where the unclipped term is the smaller one, else 0.
+    """
+    weight = {"on_policy": "ratio", "is": "ratio", "tis": "cap", "ftis": "cap", "vis": "ppo",
+              "fvis": "ppo"}.get(variant, "one")
+    use_filter = variant in ("filter", "ftis", "fvis")
     terms, grads, kept = [], [], []
     for lp, lq, m, a in zip(logp, logq, mask, adv, strict=True):
         idx = [t for t, v in enumerate(m) if v]
         k = sum(math.exp(lq[t] - lp[t]) - (lq[t] - lp[t]) - 1 for t in idx) / len(idx)
         keep = not (use_filter and a < 0 and k > g)
         kept.append(keep)
-        rho = {}
+        value, slope = {}, {}
         for t in idx:
             r = math.exp(lp[t] - lq[t])
-            rho[t] = 1.0 if weight == "one" else (min(r, cap) if weight == "cap" else r)
-        terms.append(sum(rho[t] * a * lp[t] for t in idx) / len(idx) if keep else None)
-        grads.append([(-rho[t] * a / len(idx)) if (keep and t in rho) else 0.0 for t in range(len(lp))])
+            if weight == "ppo":
+                clipped = min(max(r, 1 - eps), 1 + eps) * a
+                value[t] = min(r * a, clipped)
+                slope[t] = r * a if r * a <= clipped else 0.0
+                continue
+            rho = 1.0 if weight == "one" else (min(r, cap) if weight == "cap" else r)
+            value[t], slope[t] = rho * a * lp[t], rho * a
+        terms.append(sum(value[t] for t in idx) / len(idx) if keep else None)
+        grads.append([(-slope[t] / len(idx)) if (keep and t in slope) else 0.0 for t in range(len(lp))])
     n = sum(kept)
     loss = -sum(x for x in terms if x is not None) / n
     return loss, [[x / n for x in row] for row in grads], kept
@@ -179,3 +190,30 @@ def test_unknown_variant():
     lp, lq, m, a = _tensors()
     with pytest.raises(ValueError, match="unknown variant"):
         ftis_loss(lp, lq, m, a, variant="grpo")
+
+
+def test_vis_is_the_ppo_clip_against_the_generator():
+    """Row 0 (A > 0): the token with r = e^0.2 > 1.2 is clipped (no gradient); r = e^-1 and r = 1 pass.
+    Row 1 (A < 0): r = e^1.5 is far above 1 + eps but the unclipped term is the smaller one: full gradient r A."""
+    lp, lq, m, a = _tensors(grad=True)
+    loss, diag = ftis_loss(lp, lq, m, a, variant="vis")
+    loss.backward()
+    g = lp.grad
+    assert g[0, 0].item() == 0.0 and g[0, 1].item() == pytest.approx(-math.exp(-1.0) / 3 / 2, rel=1e-5)
+    assert g[1, 1].item() == pytest.approx(0.5 * math.exp(1.5) / 2 / 2, rel=1e-5)
+    assert diag.clipped_frac[0].item() == pytest.approx(1 / 3)
+    # the same batch under the project's uncapped `is` weighs the clipped token instead
+    lp2, lq2, m2, a2 = _tensors(grad=True)
+    ftis_loss(lp2, lq2, m2, a2, variant="is")[0].backward()
+    assert lp2.grad[0, 0].item() != 0.0
+
+
+def test_filter_sign_is_a_choice():
+    """A zero-advantage sequence far off-policy: kept under A < 0, dropped under the paper code's A <= 0."""
+    lp = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    lq = torch.tensor([[-60.0, -60.0], [-1.0, -1.0]])  # row 0: divergence ~ 58 > g = 50
+    m = torch.ones(2, 2)
+    adv = torch.tensor([0.0, 1.0])
+    _, strict = ftis_loss(lp, lq, m, adv, variant="ftis")
+    _, paper_code = ftis_loss(lp, lq, m, adv, variant="ftis", filter_non_positive=True)
+    assert strict.kept.tolist() == [True, True] and paper_code.kept.tolist() == [False, True]

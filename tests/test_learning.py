@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from swarm_node.config import NodeConfig
-from swarm_node.node.checkpoint import latest_checkpoint
+from swarm_node.node.checkpoint import WEIGHTS_FILE, latest_checkpoint, load_weights
 from swarm_node.node.grpo_node import GRPONode, run_grpo_node
 
 pytestmark = pytest.mark.slow
@@ -63,7 +63,7 @@ def test_stop_and_resume_continues_exactly(presets_dir, tmp_path, lora):
     assert run_grpo_node(cfg, tmp_path) == 0
     ck = latest_checkpoint(tmp_path)
     assert ck is not None and ck.round == 3  # the final checkpoint on stop
-    saved = torch.load(ck.path / "model.pt", weights_only=True)
+    saved = load_weights(ck.path)
     saved_opt = torch.load(ck.path / "optimizer.pt", weights_only=True)
 
     node = GRPONode(cfg.model_copy(update={"rounds": 5}), tmp_path)
@@ -89,8 +89,8 @@ def test_unreadable_newest_checkpoint_falls_back(presets_dir, tmp_path):
     cfg = make_cfg("tiny-s", rounds=2, **{"checkpoint.every_rounds": 1, "task.eval_n": 20,
                                           "task.prompts_per_round": 4})
     assert run_grpo_node(cfg, tmp_path) == 0
-    first = torch.load(tmp_path / "ckpt-00000001" / "model.pt", weights_only=True)
-    (tmp_path / "ckpt-00000002" / "model.pt").write_bytes(b"truncated by a power cut")
+    first = load_weights(tmp_path / "ckpt-00000001")
+    (tmp_path / "ckpt-00000002" / WEIGHTS_FILE).write_bytes(b"truncated by a power cut")
     node = GRPONode(cfg, tmp_path)
     node.resume()
     assert node.round == 1

@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 from swarm_node.config import LoraConfig
 from swarm_node.errors import UserFacingError
-from swarm_node.models.factory import PRESETS, build_tiny, build_tokenizer, greedy_accuracy
+from swarm_node.evaluation import greedy_accuracy
+from swarm_node.models.factory import PRESETS, build_tiny, build_tokenizer
 from swarm_node.models.loading import PRESET_META_FILE, load_model, tokenizer_fingerprint
 from swarm_node.tasks.arithmetic import ArithmeticTask
 
@@ -29,6 +30,63 @@ def test_same_seed_gives_identical_weights(tmp_path):
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
     assert any(not torch.equal(wa[k], wc[k]) for k in wa), "another seed should give other weights"
+
+
+def test_build_uses_fixed_threads_and_restores_them(tmp_path, monkeypatch):
+    """The build runs on BUILD_THREADS torch threads whatever the caller set, and gives the caller's back."""
+    import swarm_node.models.factory as factory
+    from swarm_node.models.presets import BUILD_THREADS
+
+    seen = []
+    real = factory._warm_up
+    monkeypatch.setattr(factory, "_warm_up", lambda *a, **k: (seen.append(torch.get_num_threads()), real(*a, **k))[1])
+    prev = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        meta = build_tiny("tiny-s", tmp_path / "a", seed=3, max_steps=3)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(prev)
+    assert seen == [BUILD_THREADS] and meta["build_threads"] == BUILD_THREADS
+
+
+def test_same_seed_same_bytes_whatever_the_callers_threads(tmp_path):
+    """Reproducible presets: equal weights files (sha256 recorded in the meta) for 1 and 2 caller threads."""
+    import hashlib
+
+    prev = torch.get_num_threads()
+    metas = []
+    try:
+        for i, threads in enumerate((1, 2)):
+            torch.set_num_threads(threads)
+            metas.append(build_tiny("tiny-s", tmp_path / str(i), seed=3, max_steps=12))
+    finally:
+        torch.set_num_threads(prev)
+    assert metas[0]["sha256"] == metas[1]["sha256"]
+    assert metas[0]["sha256"] == hashlib.sha256((tmp_path / "0" / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_presets_have_vllm_cpu_head_dims():
+    """vLLM's CPU attention refuses head_dim 16; 32 and 64 are kernels it ships."""
+    for name, p in PRESETS.items():
+        assert p.hidden % p.heads == 0 and p.head_dim in (32, 64, 128), (name, p.head_dim)
+        assert p.heads % p.kv_heads == 0
+
+
+def test_stale_cached_preset_is_rebuilt(tmp_path, monkeypatch):
+    import swarm_node.models.factory as factory
+
+    built = []
+    real = factory.build_tiny
+    monkeypatch.setattr(factory, "build_tiny", lambda name, out, **kw: built.append(name) or real(name, out, max_steps=2, **kw))
+    target = factory.ensure_preset("tiny-s", tmp_path)
+    assert built == ["tiny-s"]
+    assert factory.ensure_preset("tiny-s", tmp_path) == target and built == ["tiny-s"]  # cached
+    meta = json.loads((target / PRESET_META_FILE).read_text())
+    (target / PRESET_META_FILE).write_text(json.dumps({**meta, "factory_version": 1}))
+    factory.ensure_preset("tiny-s", tmp_path)
+    assert built == ["tiny-s", "tiny-s"]  # an older recipe is rebuilt, not reused
+    assert json.loads((target / PRESET_META_FILE).read_text())["factory_version"] == factory.FACTORY_VERSION
 
 
 def test_presets_reload_through_transformers(presets_dir):
@@ -65,19 +123,24 @@ def test_presets_share_one_tokenizer(presets_dir):
 def test_preset_sizes(presets_dir):
     n = {name: json.loads((presets_dir / name / PRESET_META_FILE).read_text())["parameters"] for name in PRESETS}
     assert 100_000 <= n["tiny-s"] < n["tiny-m"] <= 1_000_000, n
-    assert n["tiny-m"] >= 2 * n["tiny-s"], n
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_warmed_up_accuracy_is_partial(presets_dir, name):
     meta = json.loads((presets_dir / name / PRESET_META_FILE).read_text())
-    assert 0.15 <= meta["eval_id_accuracy"] <= 0.60, meta
+    assert 0.20 <= meta["eval_id_accuracy"] <= 0.40, meta
+    assert meta["warmup_steps"] == PRESETS[name].warmup_steps  # a fixed schedule: no adaptive stop
     assert meta["lr_full"] == PRESETS[name].lr_full and meta["lr_lora"] == PRESETS[name].lr_lora
     # The saved checkpoint scores what the factory measured (same greedy routine as `swarm-node eval`).
     lm = load_model(str(presets_dir / name), device="cpu")
     task = ArithmeticTask()
     acc = greedy_accuracy(lm.model, lm.tokenizer, task, task.eval_prompts("id", 200))
     assert acc == pytest.approx(meta["eval_id_accuracy"], abs=0.02)
+    # ood (unseen formats) is off the floor for tiny-m; tiny-s (Llama) fails every format it has not seen
+    # (measured 0.01: docs/results.md), so only tiny-m's out-of-distribution gain is measurable there.
+    ood = greedy_accuracy(lm.model, lm.tokenizer, task, task.eval_prompts("ood", 200))
+    if name == "tiny-m":
+        assert 0.05 <= ood <= 0.40, ood
 
 
 def test_lora_trains_only_adapter(presets_dir):
@@ -118,3 +181,23 @@ def test_make_model_command(tmp_path, monkeypatch, capsys):
     assert main(["make-model", "--preset", "tiny-s", "--out", str(tmp_path / "t")]) == 0
     text = capsys.readouterr().out
     assert "warm-up step 5" in text and "built tiny-s" in text and "parameters" in text
+
+
+@pytest.mark.slow
+def test_preset_hash_reaches_metrics_and_report(presets_dir, tmp_path):
+    from swarm_node.node.report import write_report
+
+    from swarm_node.config import NodeConfig
+    from swarm_node.node.grpo_node import run_grpo_node
+    from swarm_node.node.metrics import read_metrics
+
+    meta = json.loads((presets_dir / "tiny-s" / PRESET_META_FILE).read_text())
+    cfg = NodeConfig.model_validate({"rounds": 1, "model": {"path": "tiny-s"},
+                                     "task": {"prompts_per_round": 2, "eval_n": 4},
+                                     "generation": {"num_generations": 2, "max_new_tokens": 3}})
+    state = tmp_path / "run" / "alone" / "tiny-s"
+    assert run_grpo_node(cfg, state) == 0
+    row0 = read_metrics(state / "metrics.jsonl")[0]
+    assert row0["round"] == 0 and row0["model"]["sha256"] == meta["sha256"] and row0["model"]["preset"] == "tiny-s"
+    report = write_report(tmp_path / "run")
+    assert report["arms"]["alone"]["tiny-s"]["model"]["sha256"] == meta["sha256"]

@@ -1,7 +1,7 @@
 """GRPO nodes as real processes on 127.0.0.1: sharing across heterogeneous peers, a lying peer, a killed
 peer, and stop/resume from the state dir.
 
-Every node is `python -m swarm_node.cli run` started by `swarm_node.node.local_swarm` (what the demo uses)
+Every node is `python -m swarm_node.cli run` started by `swarm_node.runs.local_swarm` (what the demo uses)
 from the peers/*.yaml templates with small overrides, joined through `swarm-node bootstrap`.
 """
 
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from swarm_node.node.local_swarm import (
+from swarm_node.node.metrics import read_metrics
+from swarm_node.runs.local_swarm import (
     Peer,
     child_env,
     start_bootstrap,
@@ -27,7 +28,6 @@ from swarm_node.node.local_swarm import (
     stop_processes,
     write_peer_config,
 )
-from swarm_node.node.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test may build the presets
 
@@ -249,8 +249,8 @@ def test_metrics_rows_are_complete(swarm_run):
             admitted = sum(r["external_groups_by_peer"].values())
             assert r["local_groups"] + r["external_groups"] + r["zero_advantage_groups"] == 4 + admitted, r
             assert r["local_groups"] <= 4 and r["external_groups"] <= admitted
-            assert r["gen_s"] > 0 and r["train_s"] >= 0 and r["tokens_per_s"] > 0
-            assert r["bytes_out"] > 0 and r["bytes_in"] >= 0
+            assert r["gen_s"] > 0 and r["train_s"] > 0 and r["tokens_per_s"] > 0
+            assert r["bytes_out"] > 0  # bytes_in is checked over the run below: downloads run between rounds
             assert isinstance(r["rejected"], dict)
             assert r["loss"] is None or isinstance(r["loss"], float)
             if r["round"] % 2 == 0:  # eval_every=2 (runs until stopped: no last-round eval)
@@ -420,7 +420,7 @@ def test_stop_and_resume_from_state_dir(presets, tmp_path):
     import torch
 
     from swarm_node.config import load_config
-    from swarm_node.node.checkpoint import latest_checkpoint
+    from swarm_node.node.checkpoint import latest_checkpoint, load_weights
     from swarm_node.node.grpo_node import GRPONode
 
     ov = {"rounds": 50, "task.prompts_per_round": 4, "task.eval_n": 20, "metrics.eval_every": 1000,
@@ -447,7 +447,7 @@ def test_stop_and_resume_from_state_dir(presets, tmp_path):
     fresh = {n: p.detach().clone() for n, p in node.loaded.model.named_parameters() if p.requires_grad}
     node.resume()
     assert node.round == last
-    saved = torch.load(ck.path / "model.pt", weights_only=True)
+    saved = load_weights(ck.path)
     params = dict(node.loaded.model.named_parameters())
     assert set(saved) == set(fresh)
     for n, t in saved.items():

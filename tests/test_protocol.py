@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import struct
 import time
-from pathlib import Path
 
 import msgpack
 import numpy as np
@@ -27,10 +25,8 @@ from swarm_node.protocol import (
 from swarm_node.protocol import columns as col
 from swarm_node.protocol.codec import ID_PACKED, ID_PLANES, batch_to_body
 from swarm_node.protocol.framing import HEADER, MAGIC, frame
-
-_spec = importlib.util.spec_from_file_location("bench_wire", Path(__file__).parents[1] / "benchmarks" / "wire.py")
-wire = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(wire)
+from swarm_node.protocol.fuzz import check_invariants
+from swarm_node.runs import batches as wire
 
 LP_TOL = 1 / 128  # documented bound, below the required 0.01
 
@@ -257,7 +253,7 @@ def test_missing_key(key: str) -> None:
     "key,value",
     [("swarm", 5), ("round", "7"), ("round", True), ("round", 1.0), ("vocab", None), ("pid", "q0"),
      ("pid", [1, 2, 3]), ("ng", b"\x04"), ("ng", [1]), ("ng", [1, "x"]), ("ng", [5, b"\0" * 15]),
-     ("rw", [0.0]), ("np", -1), ("pd", 2), ("idl", 9), ("lps", 3), ("lps", 40), ("lq", {"a": 1})],
+     ("rw", [0.0]), ("np", -1), ("pd", 2), ("idl", 9), ("lps", 3), ("lps", 40)],
 )
 def test_wrong_type_or_value(key: str, value) -> None:
     assert reason_of(with_(key, value)) == "schema"
@@ -265,8 +261,16 @@ def test_wrong_type_or_value(key: str, value) -> None:
 
 def test_unknown_keys_ignored() -> None:
     b = body()
-    b["future_field"] = [1, 2, {"x": b"y"}]
-    decode_batch(reframe(b))
+    b["future_field"] = [1, 2, b"y", "z", None]
+    b["future_scalar"] = 2.5
+    assert_same(make_batch(), decode_batch(reframe(b)))
+
+
+@pytest.mark.parametrize("key,value", [("lq", {"a": 1}), ("future", [1, [2]]), ("future", {"a": {"b": 1}}),
+                                       ("pid", [["q0"], "q1", "q2"])])
+def test_nested_containers_refused(key: str, value) -> None:
+    """The body is a map of scalars, bins and lists of scalars; anything deeper is refused while unpacking."""
+    assert reason_of(with_(key, value)) == "msgpack_limit"
 
 
 def test_string_too_long() -> None:
@@ -347,7 +351,7 @@ def test_id_out_of_range() -> None:
 
 
 def test_packed_index_out_of_palette() -> None:
-    batch = make_batch()
+    batch = make_batch(vocab=256, n=100)  # a palette of 2**width - 1 <= vocab entries, and more tokens
     b = batch_to_body(batch, ID_PACKED)
     width, _ = b["idx"]
     n = sum(len(g.prompt_ids) + sum(len(c.token_ids) for c in g.completions) for g in batch.groups)
@@ -426,10 +430,20 @@ def test_corrupted_payload_only_raises_protocol_error(flips: list[tuple[int, int
     data = bytearray(_VALID)
     for pos, byte in flips:
         data[pos] = byte
+    assert_refused_by_a_real_check_or_valid(bytes(data))
+
+
+def assert_refused_by_a_real_check_or_valid(data: bytes, limits: DecodeLimits = DecodeLimits()) -> None:
+    """Either a specific check refuses the payload, or what comes back keeps every documented invariant.
+
+    `internal` is decode_batch's safety net for exceptions no check anticipated: it must never answer.
+    """
     try:
-        decode_batch(bytes(data))
-    except ProtocolError:
-        pass
+        batch = decode_batch(data, limits)
+    except ProtocolError as exc:
+        assert exc.reason in REASONS and exc.reason != "internal", exc
+        return
+    assert check_invariants(batch, limits) == []
 
 
 _leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=8),
@@ -438,15 +452,22 @@ _obj = st.recursive(_leaf, lambda kids: st.one_of(st.lists(kids, max_size=4),
                                                   st.dictionaries(st.text(max_size=5), kids, max_size=4)), max_leaves=12)
 
 
+_column_like = st.one_of(st.lists(_leaf, min_size=2, max_size=2),  # [k, bin] with either part wrong
+                         st.tuples(st.integers(-1, 5), st.one_of(st.binary(max_size=64), _leaf)).map(list))
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.sampled_from(sorted(body())), _obj, max_size=18), st.booleans())
+@given(st.dictionaries(st.sampled_from(sorted(body())), st.one_of(_obj, _column_like), max_size=3), st.booleans())
 def test_mutated_bodies_only_raise_protocol_error(patch: dict, start_valid: bool) -> None:
     b = body() if start_valid else {}
     b.update(patch)
-    try:
-        decode_batch(reframe(b))
-    except ProtocolError:
-        pass
+    assert_refused_by_a_real_check_or_valid(reframe(b))
+
+
+@pytest.mark.parametrize("payload", [frame(msgpack.packb([])), frame(msgpack.packb(None)), frame(b"\x00")])
+def test_catch_all_is_not_what_answers(payload: bytes) -> None:
+    """A body that is no map is refused by the type check (`schema`), not by the safety net."""
+    assert reason_of(payload) == "schema"
 
 
 # ------------------------------------------------------------------------------------ bytes per token

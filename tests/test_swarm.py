@@ -103,6 +103,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # starts a DHT or a subprocess
 def test_unreachable_bootstrap_names_the_addresses():
     addr = f"/ip4/127.0.0.1/tcp/{_closed_port()}/p2p/QmXfptdHU6hqG95JswxYVUH4bphcK8y18mhFcgUQFe6fCN"
     node = SwarmNode(_cfg(initial_peers=[addr], bootstrap_retries=1, bootstrap_timeout_s=3.0), INFO)

@@ -67,14 +67,31 @@ def test_arith_held_out_disjoint(arith: ArithmeticTask) -> None:
     assert not eval_ids & {
         f"arith:id:{t[:-1]}" for t, _ in arith.sft_examples(5000, np.random.default_rng(4))
     }
+    ood3 = arith.eval_prompts("ood3", 300)
+    assert len({p.id for p in ood3}) == 300
+    assert all(int(x) >= 100 for p in ood3 for x in p.text[:-1].replace("-", "+").split("+"))
     ood = arith.eval_prompts("ood", 300)
-    assert len({p.id for p in ood}) == 300
-    assert all(int(x) >= 100 for p in ood for x in p.text[:-1].replace("-", "+").split("+"))
+    assert len({p.text for p in ood}) == 300
+    train_texts = {p.text for p in train}
+    assert not train_texts & {p.text for p in ood}  # formats training never shows
+
+
+def test_arith_ood_formats() -> None:
+    """ood: spaced ("12 + 7 =") and chained ("3+8-5=") problems take turns, with correct answers."""
+    ood = ArithmeticTask().eval_prompts("ood", 200)
+    spaced, chained = ood[0::2], ood[1::2]
+    assert all(" " in p.text and p.text.endswith(" =") for p in spaced)
+    assert all(" " not in p.text and len(p.text) == 6 for p in chained)
+    for p in ood:
+        expr = p.text.rstrip("=").replace(" ", "")
+        assert str(eval(expr)) == p.answer, p  # noqa: S307 (test-only, digits and +/- only)
+    t = ArithmeticTask()
+    assert all(t.prompt_from_id(p.id) is None and t.is_held_out(p.id) for p in ood[:20])
 
 
 def test_arith_eval_deterministic() -> None:
     a, b = ArithmeticTask(seed=0), ArithmeticTask(seed=123)
-    for split in ("id", "ood"):
+    for split in ("id", "ood", "ood3"):
         assert a.eval_prompts(split, 50) == b.eval_prompts(split, 50)
         assert a.eval_prompts(split, 20) == a.eval_prompts(split, 50)[:20]  # fixed order: prefixes agree
     first = a.eval_prompts("id", 20)

@@ -1,4 +1,4 @@
-"""Graphs, Metropolis-Hastings mixing matrices and spectral gaps (swarm_node.topology)."""
+"""Graphs, Metropolis-Hastings mixing matrices and spectral gaps (swarm_node.gossip.topology)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from swarm_node import topology as T
+from swarm_node.gossip import topology as T
 
 
 @pytest.mark.parametrize("graph", T.GRAPHS)

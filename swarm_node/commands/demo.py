@@ -35,11 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=60, help="rounds per peer (default: 60)")
     p.add_argument("--peers", nargs="+", default=DEFAULT_PEERS,
                    help="peer configs: names of peers/*.yaml or paths (default: tiny-s tiny-m tiny-s-lora)")
-    p.add_argument("--task", default="arithmetic", choices=["arithmetic", "gsm8k"], help="task for every peer")
+    p.add_argument("--task", default=None, choices=["arithmetic", "gsm8k"],
+                   help="task for every peer (default: each peer config's own, e.g. reasoning_gym for peers/rg-*.yaml)")
     p.add_argument("--data-path", default=None, help="gsm8k: JSONL/parquet file")
     p.add_argument("--variant", default=None, help="override training.variant for every peer (e.g. naive, ftis)")
     p.add_argument("--compare-alone", action="store_true", help="also train each peer alone and plot both")
     p.add_argument("--eval-every", type=int, default=5, help="evaluate every k rounds (default: 5)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="run seed S: each peer's seed becomes its config's seed + 1000 * S (new prompts and samples; "
+                        "the held-out problems stay the same, so seeds compare paired); default: the configs' seeds")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -79,22 +83,36 @@ def _build_presets(templates: list[Path]) -> None:
         ensure_preset(name, progress=lambda msg: print(f"[demo] {msg}", flush=True))
 
 
-def _run_arm(arm: str, args: argparse.Namespace, templates: list[Path], out: Path) -> dict[str, int]:
-    from swarm_node.node.live import LiveTable
-    from swarm_node.node.local_swarm import Peer, start_bootstrap, stop_processes, write_peer_config
+def peer_configs(arm: str, args: argparse.Namespace, templates: list[Path], out: Path) -> list:
+    """One config per peer for an arm (swarm or alone), written under out/configs/<arm>/."""
+    import yaml
+
+    from swarm_node.runs.local_swarm import Peer, write_peer_config
 
     swarm = arm == "swarm"
     # loopback only: a local demo should not open ports on every interface of the machine
-    overrides = {"rounds": args.rounds, "task.name": args.task, "metrics.eval_every": args.eval_every,
-                 "swarm.enabled": swarm, "swarm.swarm_id": "demo", "swarm.host_maddrs": ["/ip4/127.0.0.1/tcp/0"]}
+    overrides = {"rounds": args.rounds, "metrics.eval_every": args.eval_every,
+                 **({"task.name": args.task} if args.task else {}), "swarm.enabled": swarm, "swarm.swarm_id": "demo", "swarm.host_maddrs": ["/ip4/127.0.0.1/tcp/0"]}
     if args.data_path:
         overrides["task.data_path"] = str(Path(args.data_path).resolve())
     if args.variant:
         overrides["training.variant"] = args.variant
     peers = []
     for name, t in zip(_peer_names(templates), templates, strict=True):
-        cfg = write_peer_config(t, out / "configs" / arm / f"{name}.yaml", overrides)
+        seeded = dict(overrides)
+        if getattr(args, "seed", None) is not None:
+            seeded["seed"] = int((yaml.safe_load(t.read_text()) or {}).get("seed", 0)) + 1000 * args.seed
+        cfg = write_peer_config(t, out / "configs" / arm / f"{name}.yaml", seeded)
         peers.append(Peer(name=name, config=cfg, state_dir=out / arm / name))
+    return peers
+
+
+def _run_arm(arm: str, args: argparse.Namespace, templates: list[Path], out: Path) -> dict[str, int]:
+    from swarm_node.runs.live import LiveTable
+    from swarm_node.runs.local_swarm import start_bootstrap, stop_processes
+
+    swarm = arm == "swarm"
+    peers = peer_configs(arm, args, templates, out)
     boot = None
     codes: dict[str, int] = {}
     try:
@@ -132,10 +150,11 @@ def _run_arm(arm: str, args: argparse.Namespace, templates: list[Path], out: Pat
 def run(args: argparse.Namespace) -> int:
     import shutil
 
-    from swarm_node.node.report import write_report
+    from swarm_node.commands._preflight import writable_dir
+    from swarm_node.runs.report import write_report
 
     templates = [_resolve_peer(s) for s in args.peers]
-    out = args.out.resolve()
+    out = writable_dir(args.out, "--out").resolve()
     if out.exists():
         for arm in ("swarm", "alone", "configs", "bootstrap"):
             shutil.rmtree(out / arm, ignore_errors=True)
@@ -146,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     if args.compare_alone:
         _run_arm("alone", args, templates, out)
     command = "swarm-node " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "swarm-node demo"
-    report = write_report(out, {"command": command, "rounds": args.rounds, "task": args.task,
+    report = write_report(out, {"command": command, "rounds": args.rounds, "task": args.task or "per peer config",
                                 "peers": _peer_names(templates), "seconds": round(time.time() - t0, 1)})
     print()
     print((out / "report.md").read_text())

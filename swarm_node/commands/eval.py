@@ -1,24 +1,34 @@
-"""`swarm-node eval`: greedy accuracy of a saved model (or preset) on a task's held-out split."""
+"""`swarm-node eval`: greedy accuracy of a saved model, a node's state dir, or a preset on a held-out split.
+
+A state dir is evaluated on the weights of its newest readable checkpoint, exactly as `swarm-node export`
+would write them, so evaluating the exported directory gives the same number.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 NAME = "eval"
 HELP = "greedy exact-match accuracy of a model on a task's held-out eval split"
 
-DEFAULT_MAX_NEW_TOKENS = {"arithmetic": 8, "gsm8k": 64}
+DEFAULT_MAX_NEW_TOKENS = {"arithmetic": 8, "gsm8k": 64, "reasoning_gym": 16, "files": 32}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="saved model directory, hub id, or preset name (tiny-s, tiny-m)")
+    p.add_argument("--model", required=True, help="saved model directory, a node's --state-dir, hub id, or preset name (tiny-s, tiny-m)")
     p.add_argument("--task", default="arithmetic", choices=sorted(DEFAULT_MAX_NEW_TOKENS))
-    p.add_argument("--split", default="id", choices=["id", "ood"], help="eval split (gsm8k has only 'id')")
+    p.add_argument("--split", default="id", choices=["id", "ood", "ood3"],
+                   help="eval split: arithmetic has id, ood (unseen formats), ood3 (3-digit operands); others only id")
     p.add_argument("--n", type=int, default=200, help="number of eval prompts (the first n of the split)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: 8 for arithmetic, 64 for gsm8k")
     p.add_argument("--data-path", default=None, help="gsm8k: JSONL or parquet file")
     p.add_argument("--eval-data-path", default=None, help="gsm8k: held-out file (default: the last 10%% of --data-path)")
+    p.add_argument("--datasets", default=None, help="reasoning_gym: comma-separated dataset names (default configs)")
+    p.add_argument("--prompt-field", default="prompt", help="files: the prompt field")
+    p.add_argument("--answer-field", default="answer", help="files: the answer field")
+    p.add_argument("--reward", default=None, help="files: reward function 'module:function' (default: exact match)")
     p.add_argument("--batch-size", type=int, default=256, help="sequences decoded together")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
@@ -28,8 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from swarm_node.config import TaskConfig
     from swarm_node.errors import UserFacingError
+    from swarm_node.evaluation import evaluate
     from swarm_node.models.loading import load_model
-    from swarm_node.node.evaluation import evaluate
+    from swarm_node.node.checkpoint import is_state_dir, load_trained_model
     from swarm_node.tasks import get_task
 
     if args.n < 1:
@@ -39,10 +50,15 @@ def run(args: argparse.Namespace) -> int:
     max_new = args.max_new_tokens if args.max_new_tokens is not None else DEFAULT_MAX_NEW_TOKENS[args.task]
     if max_new < 1:
         raise UserFacingError(f"--max-new-tokens must be at least 1, got {max_new}")
+    datasets = [d.strip() for d in args.datasets.split(",") if d.strip()] if args.datasets else None
     task_cfg = TaskConfig(name=args.task, data_path=args.data_path, eval_data_path=args.eval_data_path,
-                          eval_split=args.split)
+                          eval_split=args.split, datasets=datasets, prompt_field=args.prompt_field,
+                          answer_field=args.answer_field, reward=args.reward)
     task = get_task(task_cfg)
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    if is_state_dir(Path(args.model).expanduser()):
+        loaded, _ = load_trained_model(Path(args.model).expanduser(), dtype=args.dtype, device=args.device)
+    else:
+        loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     result = evaluate(loaded.model, loaded.tokenizer, task, args.split, args.n, max_new, batch_size=args.batch_size)
     result = {"task": args.task, "model": args.model, **result, "max_new_tokens": max_new}
     if args.json:
@@ -51,4 +67,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.model} on {args.task}/{result['split']}: accuracy {result['accuracy']:.3f} "
               f"({round(result['accuracy'] * result['n'])}/{result['n']}), mean reward {result['reward_mean']:.3f}, "
               f"{result['seconds']:.1f} s")
+        for name, d in result.get("by_dataset", {}).items():
+            print(f"  {name}: accuracy {d['accuracy']:.3f} (n={d['n']})")
     return 0

@@ -15,22 +15,26 @@ NAME = "make-model"
 HELP = "build a tiny warmed-up preset model (tiny-s, tiny-m) into a directory"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from swarm_node.models.factory import PRESETS
+# the names of swarm_node.models.factory.PRESETS, here so `--help` does not import torch (a test keeps them equal)
+PRESET_NAMES = ("tiny-m", "tiny-s")
 
-    p.add_argument("--preset", required=True, choices=sorted(PRESETS), help="which preset to build")
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", required=True, choices=PRESET_NAMES, help="which preset to build")
     p.add_argument("--out", type=Path, required=True, help="output directory (created; files are overwritten)")
     p.add_argument("--seed", type=int, default=0, help="seed for init and warm-up (same seed -> same weights)")
     p.add_argument("--json", action="store_true", help="print the metadata as one JSON object instead of text")
 
 
 def run(args: argparse.Namespace) -> int:
+    from swarm_node.commands._preflight import writable_dir
     from swarm_node.errors import UserFacingError
     from swarm_node.models.factory import build_tiny
 
     out: Path = args.out.expanduser()
     if out.exists() and not out.is_dir():
         raise UserFacingError(f"--out {str(out)!r} exists and is not a directory; pick another path")
+    writable_dir(out, "--out")
     # With --json, progress goes to stderr so stdout stays one parseable object.
     stream = sys.stderr if args.json else sys.stdout
 

@@ -1,4 +1,7 @@
-"""`swarm-node report RUN_DIR`: regenerate report.json, report.md and the plots from metrics.jsonl files."""
+"""`swarm-node report DIR`: (re)build report.json, report.md and the plots from metrics.jsonl files.
+
+DIR is a node's state dir (`swarm-node run --state-dir`) or a demo's output dir (`swarm-node demo --out`).
+"""
 
 from __future__ import annotations
 
@@ -8,15 +11,21 @@ from pathlib import Path
 from swarm_node.errors import UserFacingError
 
 NAME = "report"
-HELP = "rebuild a run's report.json, report.md and PNG plots from its metrics.jsonl files"
+HELP = "write report.json, report.md and PNG plots of a node's state dir or a demo dir, from metrics.jsonl"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", type=Path, help="a directory written by `swarm-node demo --out`")
+    p.add_argument("run_dir", type=Path, metavar="DIR",
+                   help="a node's state dir (swarm-node run --state-dir) or a demo dir (swarm-node demo --out)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm_node.node.report import write_report
+    from swarm_node.commands._preflight import writable_dir
+    from swarm_node.runs.report import write_report
+
+    if not args.run_dir.is_dir():
+        raise UserFacingError(f"{str(args.run_dir)!r} is not a directory; give a node's state dir or a demo dir")
+    writable_dir(args.run_dir, "report directory")
 
     old = args.run_dir / "report.json"
     extra = {}

@@ -18,15 +18,16 @@ def make_generator(loaded_model: Any, gen_cfg: Any) -> Generator:
     tok = loaded_model.tokenizer
     if gen_cfg.backend == "transformers":
         from swarm_node.generation.hf import TransformersGenerator
+        from swarm_node.generation.stops import stop_token_ids
 
         return TransformersGenerator(
             loaded_model.model,
-            eos_token_id=tok.eos_token_id,
+            eos_token_id=stop_token_ids(loaded_model.model, tok),
             pad_token_id=tok.pad_token_id,
             batch_size=gen_cfg.batch_size,
         )
     if gen_cfg.backend == "vllm":
         from swarm_node.generation.vllm_backend import VLLMGenerator
 
-        return VLLMGenerator.for_loaded_model(loaded_model)
+        return VLLMGenerator.for_loaded_model(loaded_model, gen_cfg)
     raise ValueError(f"unknown generation.backend {gen_cfg.backend!r}; expected 'transformers' or 'vllm'")

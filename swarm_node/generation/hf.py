@@ -8,6 +8,7 @@ Prompts are left-padded; position ids come from the attention mask so padding do
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,9 +28,14 @@ def _forward_kwargs(model: Any) -> set[str]:
 
 
 class TransformersGenerator(Generator):
-    def __init__(self, model: Any, *, eos_token_id: int, pad_token_id: int, batch_size: int = 64):
+    def __init__(self, model: Any, *, eos_token_id: int | Sequence[int], pad_token_id: int, batch_size: int = 64):
+        """`eos_token_id`: one stop id or several (`generation.stops.stop_token_ids`); the first is "the" EOS."""
         self.model = model
-        self.eos_token_id = int(eos_token_id)
+        stops = [int(t) for t in (eos_token_id if isinstance(eos_token_id, Sequence) else [eos_token_id])]
+        if not stops:
+            raise ValueError("eos_token_id must name at least one stop token")
+        self.eos_token_id = stops[0]
+        self.stop_token_ids = stops
         self.pad_token_id = int(pad_token_id)
         self.batch_size = int(batch_size)
         if self.batch_size < 1:
@@ -94,6 +100,7 @@ class TransformersGenerator(Generator):
         logps = torch.zeros((b, max_new_tokens), dtype=torch.float32, device=dev)
         lengths = torch.zeros(b, dtype=torch.long, device=dev)
         done = torch.zeros(b, dtype=torch.bool, device=dev)
+        stops = torch.tensor(self.stop_token_ids, dtype=torch.long, device=dev)
         cache = None
         step_ids, step_pos = ids, positions
         for t in range(max_new_tokens):
@@ -113,7 +120,7 @@ class TransformersGenerator(Generator):
             tokens[:, t] = nxt
             logps[:, t] = logprobs_all.gather(-1, nxt.unsqueeze(-1)).squeeze(-1)
             lengths += (~done).long()
-            done = done | (nxt == self.eos_token_id)
+            done = done | torch.isin(nxt, stops)
             if bool(done.all()):
                 break
             step_ids = nxt.unsqueeze(-1)
@@ -130,7 +137,7 @@ class TransformersGenerator(Generator):
                 Sample(
                     token_ids=tok,
                     logprobs=logps_np[i, :n].astype(np.float32),
-                    finished=bool(n > 0 and tok[-1] == self.eos_token_id),
+                    finished=bool(n > 0 and int(tok[-1]) in self.stop_token_ids),
                 )
             )
         return samples

@@ -1,14 +1,19 @@
 """Tiny offline models: a shared character-level tokenizer and small Llama/Qwen2-style presets.
 
 A base model that starts at 0% gives GRPO nothing to learn from, so each preset is warmed up by supervised
-training on the built-in arithmetic task until it reaches a *partial* skill (target ~30% greedy exact
-match, always inside 15-60%), then saved with `save_pretrained` so it loads through the same
-`from_pretrained` path as a real checkpoint.
+training on the built-in arithmetic task to a *partial* skill (about 30% greedy exact match on the held-out
+`id` split), then saved with `save_pretrained` so it loads through the same `from_pretrained` path as a real
+checkpoint.
+
+Builds are reproducible: a fixed number of warm-up steps (no stop on a measured accuracy), one torch
+thread (no OpenMP threads spinning against a busy core, and no reduction order that depends on the core
+count), and the sha256 of the saved weights recorded in the preset's meta file.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import math
@@ -16,46 +21,28 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from swarm_node.evaluation import greedy_accuracy
+from swarm_node.models.presets import (
+    BUILD_THREADS,
+    CHARS,
+    FACTORY_VERSION,
+    PRESET_META_FILE,
+    PRESETS,
+    SPECIAL_TOKENS,
+    Preset,
+    default_presets_dir,
+)
+
 log = logging.getLogger(__name__)
 
-FACTORY_VERSION = 2   # bump when a recipe changes: cached presets are rebuilt
-SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
-CHARS = [chr(i) for i in range(32, 127)] + ["\n"]
-MAX_THREADS = 4  # torch threads used for a build (restored afterwards)
-
-
-@dataclass(frozen=True)
-class Preset:
-    arch: str            # "llama" or "qwen2"
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    lr_full: float       # default GRPO learning rate, full parameters
-    lr_lora: float       # default GRPO learning rate, LoRA adapter
-    # Warm-up recipe (measured on 2 CPU cores: ~600-1100 steps to reach the target, 20-35 s).
-    warmup_lr: float = 3e-3          # peak; linear warm-up then cosine decay to warmup_min_lr_frac * peak
-    warmup_lr_steps: int = 50
-    warmup_min_lr_frac: float = 0.1
-    warmup_batch: int = 128
-    warmup_max_steps: int = 1500     # cosine horizon and hard cap (stopping early is the normal case)
-    warmup_clip: float = 1.0
-    warmup_eval_every: int = 50      # a 200-prompt greedy check costs ~0.1 s, so checking often is cheap
-    target_accuracy: float = 0.30
-
-
-PRESETS: dict[str, Preset] = {
-    "tiny-s": Preset("llama", hidden=64, layers=2, heads=4, kv_heads=4, intermediate=256, lr_full=3e-5, lr_lora=3e-4),
-    "tiny-m": Preset("qwen2", hidden=96, layers=3, heads=4, kv_heads=2, intermediate=384, lr_full=3e-5, lr_lora=3e-4),
-}
+__all__ = ["PRESETS", "Preset", "build_model", "build_tiny", "build_tokenizer", "ensure_preset", "weights_sha256"]
+WEIGHTS_FILE = "model.safetensors"
 
 
 def build_tokenizer() -> Any:
@@ -123,21 +110,9 @@ def _lr_at(preset: Preset, step: int) -> float:
     peak = preset.warmup_lr
     if step < preset.warmup_lr_steps:
         return peak * (step + 1) / preset.warmup_lr_steps
-    frac = min(1.0, (step - preset.warmup_lr_steps) / max(1, preset.warmup_max_steps - preset.warmup_lr_steps))
+    frac = min(1.0, (step - preset.warmup_lr_steps) / max(1, preset.warmup_horizon - preset.warmup_lr_steps))
     lo = preset.warmup_min_lr_frac
     return peak * (lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
-def greedy_accuracy(model: Any, tokenizer: Any, task: Any, prompts: list, max_new_tokens: int = 8) -> float:
-    """Greedy exact-match accuracy of `model` on `prompts` (the same routine as `swarm-node eval`)."""
-    from swarm_node.generation.hf import TransformersGenerator, completion_text
-
-    gen = TransformersGenerator(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                                batch_size=256)
-    ids = [tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
-    out = gen.generate(ids, 1, max_new_tokens=max_new_tokens, greedy=True)
-    hits = [task.is_correct(p, completion_text(tokenizer, s[0])) for p, s in zip(prompts, out, strict=True)]
-    return float(np.mean(hits)) if hits else 0.0
 
 
 def build_tiny(
@@ -150,12 +125,10 @@ def build_tiny(
 ) -> dict:
     """Build, warm up and save a preset into out_dir. Returns the metadata written to swarm_node.json.
 
-    Warm-up stops as soon as greedy accuracy on held-in *training* prompts reaches the preset's target
-    (the eval split is only scored once, at the end, so it never steers training). `max_steps` caps the
-    warm-up below the preset's budget (tests use it to check determinism quickly).
-    Same seed and thread count -> bit-identical weights.
+    The warm-up runs the preset's fixed number of steps (`max_steps` stops it earlier on the same schedule:
+    tests use it to check determinism quickly). The eval split is scored once, at the end, so it never
+    steers training. Same seed -> the same bytes on any machine (one torch thread during the build).
     """
-    from swarm_node.models.loading import PRESET_META_FILE
     from swarm_node.tasks.arithmetic import ArithmeticTask
 
     if preset_name not in PRESETS:
@@ -164,20 +137,21 @@ def build_tiny(
     say = progress or (lambda msg: None)
     t0 = time.time()
     prev_threads = torch.get_num_threads()
-    torch.set_num_threads(min(prev_threads, MAX_THREADS))  # many threads only add sync cost at this size
+    torch.set_num_threads(BUILD_THREADS)
     try:
         tokenizer = build_tokenizer()
         model = build_model(preset, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
         task = ArithmeticTask(seed=seed)
-        eval_prompts = task.eval_prompts("id", 200)
         val_prompts = task.iid_prompts(200, np.random.default_rng(seed + 10_000))
-        steps, val_acc, loss_val = 0, 0.0, float("nan")
-        budget = preset.warmup_max_steps if max_steps is None else min(max_steps, preset.warmup_max_steps)
+        steps, loss_val = 0, float("nan")
+        budget = preset.warmup_steps if max_steps is None else min(max_steps, preset.warmup_steps)
         if warmup and budget > 0:
-            steps, val_acc, loss_val = _warm_up(model, tokenizer, task, preset, seed, budget, val_prompts,
-                                                lambda msg: say(f"{preset_name}: {msg}"))
-        eval_acc = greedy_accuracy(model, tokenizer, task, eval_prompts)
+            steps, loss_val = _warm_up(model, tokenizer, task, preset, seed, budget, val_prompts,
+                                       lambda msg: say(f"{preset_name}: {msg}"))
         model.eval()
+        val_acc = greedy_accuracy(model, tokenizer, task, val_prompts)
+        eval_acc = greedy_accuracy(model, tokenizer, task, task.eval_prompts("id", 200))
+        ood_acc = greedy_accuracy(model, tokenizer, task, task.eval_prompts("ood", 200))
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out)
@@ -190,33 +164,46 @@ def build_tiny(
         "factory_version": FACTORY_VERSION,
         "seed": seed,
         "parameters": int(sum(p.numel() for p in model.parameters())),
+        "head_dim": preset.head_dim,
         "warmup_steps": steps,
+        "build_threads": BUILD_THREADS,
         "warmup_final_loss": None if math.isnan(loss_val) else round(loss_val, 4),
         "warmup_val_accuracy": val_acc,
         "eval_id_accuracy": eval_acc,
+        "eval_ood_accuracy": ood_acc,
         "lr_full": preset.lr_full,
         "lr_lora": preset.lr_lora,
+        "sha256": weights_sha256(out),
         "build_seconds": round(time.time() - t0, 2),
     }
     (out / PRESET_META_FILE).write_text(json.dumps(meta, indent=2))
     say(f"{preset_name}: saved to {out} ({meta['parameters']} parameters, id accuracy {eval_acc:.2f}, "
-        f"{meta['build_seconds']} s)")
+        f"sha256 {meta['sha256'][:12]}, {meta['build_seconds']} s)")
     return meta
 
 
+def weights_sha256(model_dir: str | Path) -> str:
+    """sha256 of the saved weights file: equal hashes mean bit-identical presets."""
+    h = hashlib.sha256()
+    with open(Path(model_dir) / WEIGHTS_FILE, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def _warm_up(model: Any, tokenizer: Any, task: Any, preset: Preset, seed: int, budget: int,
-             val_prompts: list, say: Callable[[str], None]) -> tuple[int, float, float]:
-    """Supervised warm-up until train-split greedy accuracy reaches the target. Returns (steps, acc, loss)."""
+             val_prompts: list, say: Callable[[str], None]) -> tuple[int, float]:
+    """Supervised warm-up for exactly `budget` steps of the preset's schedule. Returns (steps, last loss)."""
     ids_all, lab_all = _sft_dataset(tokenizer, task)
     gen = torch.Generator().manual_seed(seed)
     pad = tokenizer.pad_token_id
-    # No weight decay: the run is short and stops on accuracy, decay only slowed it in measurements.
+    # No weight decay: the run is short, decay only slowed it in measurements.
     opt = torch.optim.AdamW(model.parameters(), lr=preset.warmup_lr, betas=(0.9, 0.99), weight_decay=0.0)
     model.train()
-    steps, val_acc, loss_val = 0, 0.0, float("nan")
-    while steps < budget:
+    loss_val = float("nan")
+    for step in range(budget):
         for group in opt.param_groups:
-            group["lr"] = _lr_at(preset, steps)
+            group["lr"] = _lr_at(preset, step)
         idx = torch.randint(0, ids_all.shape[0], (preset.warmup_batch,), generator=gen)
         ids, lab = ids_all[idx], lab_all[idx]
         width = int((ids != pad).sum(1).max())
@@ -226,22 +213,22 @@ def _warm_up(model: Any, tokenizer: Any, task: Any, preset: Preset, seed: int, b
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), preset.warmup_clip)
         opt.step()
-        steps += 1
-        if steps % preset.warmup_eval_every == 0 or steps == budget:
+        if (step + 1) % preset.warmup_log_every == 0 or step + 1 == budget:
             loss_val = float(loss.item())
-            val_acc = greedy_accuracy(model, tokenizer, task, val_prompts)
-            say(f"warm-up step {steps}, loss {loss_val:.3f}, train-split accuracy {val_acc:.2f}")
-            if val_acc >= preset.target_accuracy:
-                break
-    return steps, val_acc, loss_val
+            # progress only: the schedule is fixed, this number never decides anything
+            acc = greedy_accuracy(model, tokenizer, task, val_prompts)
+            model.train()
+            say(f"warm-up step {step + 1}/{budget}, loss {loss_val:.3f}, train-split accuracy {acc:.2f}")
+    return budget, loss_val
 
 
-def default_presets_dir() -> Path:
-    """Where presets are cached: $SWARM_NODE_PRESETS or ~/.cache/swarm-node/presets-v<version>."""
-    env = os.environ.get("SWARM_NODE_PRESETS")
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "swarm-node" / f"presets-v{FACTORY_VERSION}"
+def _is_current(target: Path) -> bool:
+    """A cached build of this factory version (an older recipe is rebuilt, not silently reused)."""
+    try:
+        meta = json.loads((target / PRESET_META_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return (target / "config.json").is_file() and meta.get("factory_version") == FACTORY_VERSION
 
 
 def ensure_preset(name: str, presets_dir: str | Path | None = None, seed: int = 0,
@@ -249,18 +236,24 @@ def ensure_preset(name: str, presets_dir: str | Path | None = None, seed: int = 
     """Return the directory of a built preset, building it once (safe when several processes race)."""
     root = Path(presets_dir) if presets_dir else default_presets_dir()
     target = root / name
-    if (target / "config.json").is_file():
+    if _is_current(target):
         return target
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "config.json").is_file():
+        if _is_current(target):
             return target
         tmp = root / f".{name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         say = progress or (lambda msg: log.info(msg))
-        say(f"building preset {name} into {target} (once; 20-40 s on 2 CPU cores)")
+        if target.exists():
+            say(f"{target} was built by another factory version: rebuilding it")
+        say(f"building preset {name} into {target} (once; about a minute on one CPU core)")
         build_tiny(name, tmp, seed=seed, progress=say)
+        if target.exists():
+            old = root / f".{name}.old-{os.getpid()}"
+            os.replace(target, old)
+            shutil.rmtree(old, ignore_errors=True)
         os.replace(tmp, target)
         say(f"{name} ready in {target}")
     return target

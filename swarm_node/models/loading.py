@@ -18,10 +18,12 @@ import torch
 
 from swarm_node.config import LoraConfig
 from swarm_node.errors import UserFacingError
+from swarm_node.models.factory import ensure_preset
+from swarm_node.models.presets import PRESET_META_FILE, PRESETS, default_lr, preset_dir
 
 log = logging.getLogger(__name__)
 
-PRESET_META_FILE = "swarm_node.json"  # written by the tiny factory: preset name, default lrs, warm-up score
+__all__ = ["PRESET_META_FILE", "LoadedModel", "load_model", "resolve_model_path", "wrap_lora"]
 
 
 @dataclass
@@ -40,15 +42,15 @@ class LoadedModel:
     def vocab_size(self) -> int:
         return int(self.model.get_input_embeddings().weight.shape[0])
 
-    def default_lr(self) -> float:
-        """Per-preset learning rate when the config leaves training.lr unset (paper: 1e-6 full, 1e-4 LoRA)."""
-        from swarm_node.models.factory import PRESETS
+    def info(self) -> dict:
+        """What a run's metrics and report record about the model (the preset's weights hash included)."""
+        keys = ("preset", "factory_version", "sha256", "parameters", "seed")
+        return {"name": self.name, "path": self.path, "is_lora": self.is_lora,
+                **{k: self.meta[k] for k in keys if k in self.meta}}
 
-        key = "lr_lora" if self.is_lora else "lr_full"
-        preset = PRESETS.get(str(self.meta.get("preset")))
-        if preset is not None:  # the current table, not the value frozen into an older build
-            return float(getattr(preset, key))
-        return float(self.meta.get(key, 1e-4 if self.is_lora else 1e-6))
+    def default_lr(self, mode: str = "grpo", override: float | None = None) -> float:
+        """`override` (the config's lr) if set, else the preset's or the paper's default (models.presets)."""
+        return float(override) if override is not None else default_lr(self.meta, self.is_lora, mode)
 
 
 def pick_device(device: str = "auto") -> torch.device:
@@ -81,12 +83,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 def resolve_model_path(path: str, presets_dir: str | Path | None = None) -> str:
     """A preset name (tiny-s, tiny-m) maps to its built directory; anything else is returned unchanged."""
-    from swarm_node.models.factory import PRESETS, default_presets_dir
-
-    if path in PRESETS:
-        root = Path(presets_dir) if presets_dir else default_presets_dir()
-        return str(root / path)
-    return path
+    return str(preset_dir(path, presets_dir)) if path in PRESETS else path
 
 
 def load_model(
@@ -104,14 +101,14 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from swarm_node.models.factory import PRESETS, ensure_preset
-
     if path in PRESETS:
         path = str(ensure_preset(path, presets_dir))
     local = Path(path).expanduser()
     is_local = local.is_dir()
     if not is_local and (local.exists() or path.startswith((".", "/", "~"))):
         raise UserFacingError(f"model path {path!r} is not a directory with a saved model")
+    if is_local:
+        _check_model_dir(local)
     kwargs: dict[str, Any] = {}
     if not is_local and os.environ.get("HF_HUB_OFFLINE") == "1":
         kwargs["local_files_only"] = True
@@ -121,7 +118,7 @@ def load_model(
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(src, dtype=dt, **kwargs)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # transformers raises ValueError for an unknown or broken config
         if is_local:
             raise UserFacingError(f"could not load a model from {local}: {exc}") from exc
         raise UserFacingError(
@@ -153,6 +150,25 @@ def load_model(
     )
 
 
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def _check_model_dir(local: Path) -> None:
+    """A local directory must hold a saved model (or a peft adapter); otherwise say what is missing, not a
+    tokenizer library's error."""
+    if (local / "adapter_config.json").is_file():
+        return
+    missing = []
+    if not (local / "config.json").is_file():
+        missing.append("config.json")
+    if not any((local / f).is_file() for f in WEIGHT_FILES) and not any(local.glob("*.safetensors")):
+        missing.append("weights (model.safetensors or pytorch_model.bin)")
+    if missing:
+        raise UserFacingError(f"model path {str(local)!r} is not a model directory: it has no "
+                              f"{' and no '.join(missing)}; give a directory written by save_pretrained or "
+                              "`swarm-node make-model`, a node state dir (swarm-node eval/export), or a preset name")
+
+
 def wrap_lora(model: Any, lora: LoraConfig) -> Any:
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
@@ -167,5 +183,16 @@ def wrap_lora(model: Any, lora: LoraConfig) -> Any:
     return get_peft_model(model, pcfg)
 
 
-def trainable_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Recompute activations in backward (training.gradient_checkpointing), for full and LoRA models.
+
+    Non-reentrant checkpointing works with a frozen embedding (LoRA), where the reentrant kind would see no
+    input that requires grad and silently skip the adapters' gradients.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns there
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    base.config.use_cache = False

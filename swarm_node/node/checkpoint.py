@@ -1,7 +1,11 @@
 """Atomic checkpoints: trainable weights (full model or LoRA adapter), optimizer, round, RNG, config hash.
 
 A checkpoint is a directory `ckpt-<round>` written under a temporary name and renamed into place, so a
-crash mid-write never leaves a half checkpoint that a restart would pick up.
+crash mid-write never leaves a half checkpoint that a restart would pick up. Weights are a safetensors
+file (`model.safetensors`: plain tensors, readable by any tool, never unpickled); optimizer state and RNG
+stay `torch.save` files read with `weights_only=True`. Checkpoints written before safetensors
+(`model.pt`) still load. `meta.json` records the base model and LoRA settings so `swarm-node export`
+and `swarm-node eval` can rebuild the trained model from the state dir alone.
 """
 
 from __future__ import annotations
@@ -14,10 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from swarm_node.errors import UserFacingError
+from swarm_node.training.params import trainable_named
 
 PREFIX = "ckpt-"
+WEIGHTS_FILE = "model.safetensors"
+LEGACY_WEIGHTS_FILE = "model.pt"  # torch.save checkpoints written before safetensors
 
 
 @dataclass
@@ -29,7 +37,7 @@ class Checkpoint:
 
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:
     """Only what training changes: all weights for a full model, the adapter for LoRA."""
-    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return {n: p.detach().cpu().clone() for n, p in trainable_named(model)}
 
 
 def save_checkpoint(
@@ -46,7 +54,7 @@ def save_checkpoint(
     tmp = state_dir / f".tmp-{PREFIX}{round_:08d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save(trainable_state(model), tmp / "model.pt")
+    save_file(trainable_state(model), str(tmp / WEIGHTS_FILE))
     torch.save(optimizer_state, tmp / "optimizer.pt")
     torch.save({"torch_rng": torch.get_rng_state()}, tmp / "rng.pt")
     meta = {"round": round_, "config_fingerprint": config_fp, **extra}
@@ -108,7 +116,26 @@ def load_checkpoint(ckpt: Checkpoint, model: Any, config_fp: str) -> tuple[dict,
             f"(fingerprint {ckpt.meta.get('config_fingerprint')} != {config_fp}); "
             "use a new --state-dir or the original config"
         )
-    weights = torch.load(ckpt.path / "model.pt", map_location="cpu", weights_only=True)
+    restore_weights(ckpt, model)
+    opt_state = torch.load(ckpt.path / "optimizer.pt", map_location="cpu", weights_only=True)
+    rng = torch.load(ckpt.path / "rng.pt", weights_only=True)
+    torch.set_rng_state(rng["torch_rng"])
+    return opt_state, ckpt.meta
+
+
+def load_weights(ckpt_path: Path) -> dict[str, torch.Tensor]:
+    """The trainable tensors of a checkpoint directory (safetensors, or a legacy `model.pt`)."""
+    path = Path(ckpt_path)
+    if (path / WEIGHTS_FILE).is_file():
+        return load_file(str(path / WEIGHTS_FILE), device="cpu")
+    if (path / LEGACY_WEIGHTS_FILE).is_file():
+        return torch.load(path / LEGACY_WEIGHTS_FILE, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{path} has neither {WEIGHTS_FILE} nor {LEGACY_WEIGHTS_FILE}")
+
+
+def restore_weights(ckpt: Checkpoint, model: Any) -> None:
+    """Copy a checkpoint's tensors into `model` in place (names must be the model's trainable ones)."""
+    weights = load_weights(ckpt.path)
     params = dict(model.named_parameters())
     missing = [n for n in weights if n not in params]
     if missing:
@@ -116,7 +143,70 @@ def load_checkpoint(ckpt: Checkpoint, model: Any, config_fp: str) -> tuple[dict,
     with torch.no_grad():
         for n, t in weights.items():
             params[n].copy_(t.to(params[n].device, params[n].dtype))
-    opt_state = torch.load(ckpt.path / "optimizer.pt", map_location="cpu", weights_only=True)
-    rng = torch.load(ckpt.path / "rng.pt", weights_only=True)
-    torch.set_rng_state(rng["torch_rng"])
-    return opt_state, ckpt.meta
+
+
+# --- the trained model of a state dir (export, eval) -------------------------------------------------
+def model_record(loaded: Any, lora: Any | None) -> dict:
+    """What meta.json must hold to rebuild the trained model without the node's config.
+
+    `model_path` is the directory the weights were loaded from (absolute), `model_source` what the config
+    named (a preset name is rebuilt on a machine that lacks the directory), `lora` the adapter settings.
+    """
+    path = Path(loaded.path)
+    return {
+        "model_name": loaded.name,
+        "is_lora": bool(loaded.is_lora),
+        "model_path": str(path.resolve()) if path.is_dir() else loaded.path,
+        "model_source": loaded.meta.get("preset") or loaded.path,
+        "model_sha256": loaded.meta.get("sha256"),
+        "lora": lora.model_dump() if loaded.is_lora and lora is not None else None,
+    }
+
+
+def is_state_dir(path: Path) -> bool:
+    """A node's --state-dir: it holds ckpt-* directories (or at least the metrics of a run)."""
+    p = Path(path)
+    return p.is_dir() and (any(p.glob(f"{PREFIX}*")) or (p / "metrics.jsonl").is_file())
+
+
+def load_trained_model(state_dir: Path, *, dtype: str = "auto", device: str = "auto") -> tuple[Any, Checkpoint]:
+    """The base model of a state dir with the weights of its newest readable checkpoint restored.
+
+    Unreadable checkpoints (a write cut short) fall back to the one before, as a resuming node does.
+    Raises UserFacingError when the state dir has no usable checkpoint or does not say its base model.
+    """
+    from swarm_node.config import LoraConfig
+    from swarm_node.models.loading import load_model
+
+    state_dir = Path(state_dir)
+    cks = list_checkpoints(state_dir)
+    if not cks:
+        raise UserFacingError(f"{state_dir} has no checkpoint (ckpt-*/meta.json); has the node finished a round?")
+    errors = []
+    for ck in reversed(cks):
+        source = ck.meta.get("model_path")
+        if not source:
+            raise UserFacingError(
+                f"checkpoint {ck.path} does not record its base model (written by an older swarm-node); "
+                "resume it once with the current version, or load its weights by hand"
+            )
+        if not Path(source).is_dir():  # another machine: rebuild a preset by name
+            source = ck.meta.get("model_source") or source
+        lora = LoraConfig(**ck.meta["lora"]) if ck.meta.get("lora") else None
+        loaded = load_model(source, dtype=dtype, device=device, lora=lora, name=ck.meta.get("model_name"))
+        want = ck.meta.get("model_sha256")
+        if want and loaded.meta.get("sha256") and loaded.meta["sha256"] != want:
+            raise UserFacingError(
+                f"checkpoint {ck.path} was trained from base weights {want[:12]} but {source} now holds "
+                f"{loaded.meta['sha256'][:12]} (a rebuilt preset of another version?)"
+            )
+        try:
+            restore_weights(ck, loaded.model)
+        except UserFacingError:
+            raise
+        except Exception as exc:  # a truncated weights file
+            errors.append(f"{ck.path.name}: {exc.__class__.__name__}")
+            continue
+        loaded.model.eval()
+        return loaded, ck
+    raise UserFacingError(f"{state_dir}: no readable checkpoint ({'; '.join(errors)})")

@@ -1,10 +1,13 @@
-"""The DPO node's round loop: E local DPO steps, publish params, fetch neighbours', average, log metrics.
+"""The DPO node: E local DPO steps, publish params, fetch neighbours', average, evaluate, checkpoint, log.
 
-Gossip mode builds the topology every round from the sorted ids of the live DPO peers with our
-architecture fingerprint, so all nodes that see the same membership agree on the graph without talking.
-Federated mode takes the exact mean over all participants, by hivemind's DecentralizedAverager
-all-reduce or from everyone's published parameters (S of them, sampled from a seed every node shares,
-when participants_per_round is set); see docs/dpo.md.
+`DPONode` holds one node's state between rounds and has the same lifecycle as the GRPO node: build,
+resume from the newest readable checkpoint, join the swarm, run rounds, checkpoint, leave. Who averages
+with whom is decided in `swarm_node/gossip/exchange.py`, the averaging math is `gossip/mixing.py`.
+
+Rounds are numbered from 0 (round 0 already trains). A checkpoint of round r holds the parameters after
+round r's average, the optimizer and the batch sampler's RNG, so a restart continues at round r + 1 with
+bit-identical state. A gossip node that was away catches up with its neighbours' round instead of
+asking them for rounds they have long finished.
 """
 
 from __future__ import annotations
@@ -12,311 +15,222 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 
-from swarm_node import topology as T
 from swarm_node.config import NodeConfig
 from swarm_node.errors import UserFacingError
-from swarm_node.node import averaging as A
+from swarm_node.gossip import mixing, topology
+from swarm_node.gossip.allreduce import AllReduce
+from swarm_node.gossip.exchange import GossipExchange, plan_round
+from swarm_node.gossip.payload import encode_params
+from swarm_node.gossip.vectors import arch_fingerprint, get_params, params_digest, params_probe, set_params
+from swarm_node.node.checkpoint import list_checkpoints, load_checkpoint, remove_partial, save_checkpoint
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
+from swarm_node.node.progress import RoundProgress, dpo_round_line
 from swarm_node.node.stopping import StopFlag
 from swarm_node.tasks.preferences import node_preferences
 from swarm_node.training.dpo import DPOTrainer, HeldOut
+from swarm_node.training.lr_schedule import lr_factor
+from swarm_node.training.optim import set_lr
+from swarm_node.training.params import trainable_named
 
 log = logging.getLogger("swarm_node.dpo")
 
 TINY_PARAMS = 5_000_000  # below this, one CPU thread is faster than several (measured ~10x on 2 busy cores)
 
 
-def _default_lr(cfg: NodeConfig, loaded: Any) -> float:
-    if cfg.dpo.lr is not None:
-        return cfg.dpo.lr
-    if loaded.meta.get("preset") or cfg.model.path.startswith("tiny-"):
-        return 3e-3
-    return 1e-4 if loaded.is_lora else 1e-6
+class DPONode:
+    """State of one DPO node between rounds; `round` is the next round to run."""
 
+    def __init__(self, cfg: NodeConfig, state_dir: Path) -> None:
+        from swarm_node.models.loading import load_model
 
-class _Exchange:
-    """The swarm side of one node: peers that can average with us, and parallel parameter fetches."""
-
-    def __init__(self, cfg: NodeConfig, swarm: Any, arch_fp: str) -> None:
+        d = cfg.dpo
         self.cfg = cfg
-        self.swarm = swarm
-        self.arch_fp = arch_fp
-        self.pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="dpo-fetch")
+        self.state_dir = Path(state_dir)
+        torch.manual_seed(cfg.seed)
+        lora = cfg.model.lora if cfg.model.lora.enabled else None
+        self.loaded = load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.model.device, lora=lora,
+                                 name=cfg.model.name)
+        self.model, tok = self.loaded.model, self.loaded.tokenizer
+        if self.loaded.device.type == "cpu" and sum(p.numel() for p in self.model.parameters()) < TINY_PARAMS:
+            torch.set_num_threads(1)
+        self.data = node_preferences(d.data_path, d.eval_data_path, user=d.user, seed=cfg.seed,
+                                     num_users=d.num_users, pairs_per_user=d.pairs_per_user,
+                                     heldout_pairs=d.heldout_pairs)
+        # Both take their reference log-probs from the model as loaded, before any checkpoint is restored:
+        # the DPO reference is the initial policy, on a fresh start and on a resume alike.
+        self.trainer = DPOTrainer(self.model, tok, self.data.train, beta=d.beta, lr=self.loaded.default_lr("dpo", d.lr),
+                                  batch_size=d.batch_size, max_length=d.max_length,
+                                  grad_clip=cfg.training.grad_clip, seed=cfg.seed)
+        self.heldout = HeldOut(self.model, tok, self.data.heldout, d.max_length)
+        self.arch_fp = arch_fingerprint(self.model)
+        self.shapes = [p.shape for _, p in trainable_named(self.model)]
+        self.metrics = MetricsWriter.from_config(self.state_dir, cfg, node_name=self.loaded.name)
+        self.exchange = GossipExchange(d, None, self.arch_fp)
+        self.allreduce: AllReduce | None = None
+        self.rejects = mixing.RejectCounter()
+        self.last_stats = {"bytes_in": 0, "bytes_out": 0}
+        self.round = 0
+        self.saved_round = -1  # the last round in a checkpoint (-1: none yet)
+        self.neighbours: list[str] = []
+        log.info("DPO node: user %s, %d train / %d held-out pairs, %s averaging on %s, arch %s", self.data.user,
+                 len(self.data.train), len(self.data.heldout), d.averaging, d.topology, self.arch_fp)
 
-    @property
-    def self_id(self) -> str:
-        return self.swarm.peer_id if self.swarm else "self"
+    # ---- lifecycle ---------------------------------------------------------------------------------
 
-    def peers(self) -> list[str]:
-        """Sorted ids of live DPO peers with our architecture fingerprint, self included."""
-        if self.swarm is None:
-            return [self.self_id]
-        ids = {m.peer_id for m in self.swarm.live_peers() if m.mode == "dpo" and m.arch_fp == self.arch_fp}
-        return sorted(ids | {self.self_id})
-
-    def wait_for_peers(self, stop: StopFlag) -> list[str]:
-        end = time.monotonic() + self.cfg.dpo.join_wait_s
-        ids = self.peers()
-        while len(ids) < self.cfg.dpo.min_peers and time.monotonic() < end and not stop:
-            time.sleep(0.5)
-            ids = self.peers()
-        log.info("%d DPO peer(s) with our architecture (min_peers %d)", len(ids), self.cfg.dpo.min_peers)
-        return ids
-
-    def fetch_all(self, peers: list[str], round_: int) -> dict[str, bytes | None]:
-        if not peers or self.swarm is None:
-            return {}
-        deadline = self.cfg.dpo.gossip_deadline_s
-        futs = {p: self.pool.submit(self.swarm.fetch, "params", p, round_, deadline) for p in peers}
-        return {p: f.result() for p, f in futs.items()}
-
-    def linger(self, done_round: int, neighbours: list[str]) -> None:
-        """Keep serving our last params until the neighbours have finished that round too (bounded).
-
-        A node that left at once would make slower neighbours time out on the final round.
-        """
-        if self.swarm is None or not neighbours:
+    def resume(self) -> None:
+        """Continue after the newest readable checkpoint (an unreadable one falls back to the one before)."""
+        remove_partial(self.state_dir)
+        for ck in reversed(list_checkpoints(self.state_dir)):
+            try:
+                state, meta = load_checkpoint(ck, self.model, self.cfg.fingerprint())
+                self.trainer.load_state_dict(state)
+            except UserFacingError:
+                raise
+            except Exception as exc:  # truncated file after a crash or power loss
+                log.warning("checkpoint %s is unreadable (%s); trying the one before", ck.path, exc)
+                continue
+            self.saved_round = int(meta["round"])
+            self.round = self.saved_round + 1
+            self.metrics.truncate_after(self.saved_round)
+            log.info("resumed from %s: continuing at round %d", ck.path, self.round)
             return
-        self.swarm.set_round(done_round)
-        end = time.monotonic() + self.cfg.dpo.gossip_deadline_s
-        while time.monotonic() < end:
-            rounds = {m.peer_id: m.round for m in self.swarm.live_peers()}
-            if all(rounds.get(p, done_round) >= done_round for p in neighbours):
-                return
-            time.sleep(0.5)
+        self.metrics.truncate_after(-1)  # nothing to resume: rows of an unsaved earlier run are void
+
+    def checkpoint(self) -> None:
+        done = self.round - 1
+        if done < 0 or done == self.saved_round:
+            return
+        self.saved_round = done
+        save_checkpoint(self.state_dir, done, self.model, self.trainer.state_dict(),
+                        {"model_name": self.loaded.name, "is_lora": self.loaded.is_lora, "user": self.data.user},
+                        self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
+
+    def join_swarm(self) -> None:
+        from swarm_node.swarm import PeerInfo, SwarmNode
+
+        info = PeerInfo(mode="dpo", model_name=self.loaded.name, tokenizer_fp=self.loaded.tokenizer_fp,
+                        task_id=self.data.task_id, arch_fp=self.arch_fp)
+        swarm = SwarmNode(self.cfg.swarm, info, logger=logging.getLogger("swarm_node.swarm")).start()
+        self.exchange = GossipExchange(self.cfg.dpo, swarm, self.arch_fp)
+        swarm.set_round(self.round)
+        self.last_stats = swarm.stats()
+        d = self.cfg.dpo
+        if d.averaging == "federated" and d.federated_backend == "allreduce" and d.participants_per_round is None:
+            self.allreduce = AllReduce(d, self.cfg.swarm, get_params(self.model), self.arch_fp)
+
+    def catch_up(self) -> None:
+        """After a restart, skip to the round the neighbours are in: they will not wait for us.
+
+        Gossip rounds are matched by number, so a node that resumed at round 12 while its ring is at
+        round 30 would fetch round-12 parameters nobody serves any more, and its neighbours would miss it
+        in every round. Skipped rounds leave no metrics rows.
+        """
+        ahead = max(self.exchange.peer_rounds().values(), default=-1)
+        if ahead > self.round:
+            log.info("neighbours are at round %d: catching up from round %d", ahead, self.round)
+            self.round = ahead
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        if self.swarm is not None:
-            self.swarm.close()
+        self.metrics.close()
+        if self.allreduce is not None:
+            self.allreduce.close()
+            self.allreduce = None
+        self.exchange.close()
 
+    # ---- one round ---------------------------------------------------------------------------------
 
-class _AllReduce:
-    """Federated averaging through hivemind's DecentralizedAverager (butterfly all-reduce).
-
-    It runs on a DHT of its own (joined through the same bootstrap peers): the averager's matchmaking keys
-    are plain hivemind records, and the swarm layer's DHT is private to it. The group size is the number
-    of live participants; the averager is rebuilt when that number changes.
-    """
-
-    def __init__(self, cfg: NodeConfig, params: list[torch.Tensor], arch_fp: str) -> None:
-        import hivemind
-
-        if cfg.dpo.compression == "uint8":
-            raise UserFacingError("dpo.compression=uint8 does not work with dpo.federated_backend=allreduce "
-                                  "(hivemind 1.1.12's 8-bit decoder fails under numpy 2); use float16, or "
-                                  "dpo.federated_backend=published")
-        self.cfg = cfg
-        self.template = [t.clone() for t in params]
-        self.prefix = f"{cfg.swarm.swarm_id}_dpo_{arch_fp}"
-        self.dht = hivemind.DHT(initial_peers=list(cfg.swarm.initial_peers) or None, start=True,
-                                host_maddrs=list(cfg.swarm.host_maddrs), client_mode=cfg.swarm.client_mode)
-        self.averager: Any = None
-        self.group_size = 0
-
-    def _ensure(self, n: int) -> Any:
-        import hivemind
-
-        if self.averager is None or n != self.group_size:
-            if self.averager is not None:
-                self.averager.shutdown()
-            self.averager = hivemind.averaging.DecentralizedAverager(
-                [t.clone() for t in self.template], self.dht, start=True, prefix=self.prefix,
-                target_group_size=n, min_group_size=n, min_matchmaking_time=2.0, request_timeout=1.0,
-                compression=A.COMPRESSIONS[self.cfg.dpo.compression],
-                client_mode=self.cfg.swarm.client_mode,
-            )
-            self.group_size = n
-        return self.averager
-
-    def average(self, own: list[torch.Tensor], participants: list[str], me: str) -> A.GossipResult:
-        """The group mean (up to compression error), or our own params if no full group formed in time."""
-        others = [p for p in participants if p != me]
-        n = len(participants)
-        if n < 2:
-            return A.GossipResult(own, {me: 1.0}, [], [], 0.0)
-        av = self._ensure(n)
-        with av.get_tensors() as ts:
-            for t, x in zip(ts, own, strict=True):
-                t.copy_(x)
-        try:
-            group = av.step(timeout=self.cfg.dpo.gossip_deadline_s, allow_retries=True)
-        except Exception as exc:  # hivemind raises AllreduceException when no group formed
-            log.warning("all-reduce failed: %s", exc)
-            group = None
-        if group is None:
-            return A.GossipResult(own, {me: 1.0}, [], others, 0.0)
-        with av.get_tensors() as ts:
-            mean = [t.detach().clone() for t in ts]
-        if not all(torch.isfinite(t).all() for t in mean):
-            log.warning("all-reduce result is not finite; keeping our own parameters")
-            return A.GossipResult(own, {me: 1.0}, [], others, 0.0)
-        k = len(group)  # others' mean = (k * mean - own) / (k - 1)
-        others_mean = [(k * m - x) / max(k - 1, 1) for m, x in zip(mean, own, strict=True)]
-        dist = A.params_sq_distance(own, others_mean) ** 0.5
-        return A.GossipResult(mean, {p: 1.0 / k for p in participants}, others, [], dist)
-
-    def close(self) -> None:
-        if self.averager is not None:
-            self.averager.shutdown()
-        self.dht.shutdown()
-
-
-def _plan_round(cfg: NodeConfig, ids: list[str], me: str, round_: int) -> tuple[np.ndarray, list[str], list[str]]:
-    """(adjacency over ids, peers to fetch from, federated participants) for this round."""
-    n = len(ids)
-    d = cfg.dpo
-    if d.averaging == "federated":
-        participants = ids
-        if d.participants_per_round is not None and d.participants_per_round < n:
-            rng = np.random.default_rng([d.graph_seed, round_])
-            participants = sorted(rng.choice(ids, size=d.participants_per_round, replace=False).tolist())
-        return T.complete(n), [p for p in participants if p != me], participants
-    if d.averaging == "none" or n == 1:
-        return np.zeros((n, n), dtype=bool), [], []
-    adj = T.adjacency(d.topology, n, p=d.er_probability, seed=d.graph_seed)
-    return adj, [ids[j] for j in np.flatnonzero(adj[ids.index(me)])], []
-
-
-@dataclass
-class _Node:
-    """Everything one round needs, built once at start."""
-
-    cfg: NodeConfig
-    model: Any
-    trainer: DPOTrainer
-    heldout: HeldOut
-    ex: _Exchange
-    arch_fp: str
-    shapes: list
-    user: int | None
-    allreduce: _AllReduce | None = None
-    rejects: A.RejectCounter = field(default_factory=A.RejectCounter)
-    last_stats: dict = field(default_factory=lambda: {"bytes_in": 0, "bytes_out": 0})
-
-    def round(self, r: int, evaluate: Callable[[], bool]) -> tuple[dict, A.GossipResult]:
+    def run_round(self, evaluate: Callable[[], bool]) -> tuple[dict, mixing.GossipResult]:
         """E local steps -> publish -> fetch the same round from neighbours -> average -> metrics row.
 
         `evaluate` is asked after averaging, so a round interrupted by a signal is still evaluated.
         """
-        d, swarm, t0 = self.cfg.dpo, self.ex.swarm, time.time()
+        d, swarm, r, t0 = self.cfg.dpo, self.exchange.swarm, self.round, time.time()
         if swarm:
             swarm.set_round(r)
+        t = self.cfg.training  # the shared lr schedule: training.lr_schedule / warmup_rounds, over DPO rounds
+        set_lr(self.trainer.optimizer, self.trainer.optimizer.defaults["lr"] *
+               lr_factor(t.lr_schedule, r, t.warmup_rounds, self.cfg.rounds))
         step = self.trainer.local_steps(d.local_steps)
-        own = A.get_params(self.model)
-        payload = A.encode_params(own, self.arch_fp, d.compression)
-        ids = self.ex.peers()
-        me = self.ex.self_id
-        adj, to_fetch, participants = _plan_round(self.cfg, ids, me, r)
-        if self.allreduce is not None:
-            to_fetch = []
-        elif swarm:
+        own = get_params(self.model)
+        payload = encode_params(own, self.arch_fp, d.compression)
+        ids = self.exchange.peers()
+        me = self.exchange.self_id
+        plan = plan_round(d, ids, me, r)
+        to_fetch = [] if self.allreduce is not None else plan.to_fetch
+        if swarm and self.allreduce is None:
             swarm.publish("params", r, payload)
-        received = self.ex.fetch_all(to_fetch, r)
+        received = self.exchange.fetch_all(to_fetch, r)
         limit = self.cfg.swarm.max_batch_bytes
         allreduce_bytes = 0
         if self.allreduce is not None:
-            res = self.allreduce.average(own, participants, me)
+            res = self.allreduce.average(own, plan.participants, me)
             k = len(res.present) + 1  # butterfly all-reduce: each node sends and receives 2 (k-1)/k payloads
             allreduce_bytes = int(2 * (k - 1) / k * len(payload)) if res.present else 0
         elif d.averaging == "federated":
-            res = A.federated_step(me, payload, received, participants, self.shapes, self.arch_fp, d.compression,
-                                   self.rejects, limit)
+            res = mixing.federated_step(me, payload, received, plan.participants, self.shapes, self.arch_fp,
+                                        d.compression, self.rejects, limit)
         else:
-            res = A.gossip_step(me, payload, received, ids, adj, self.shapes, self.arch_fp, d.compression,
-                                self.rejects, limit)
-        A.set_params(self.model, res.params)
+            res = mixing.gossip_step(me, payload, received, ids, plan.adjacency, self.shapes, self.arch_fp,
+                                     d.compression, self.rejects, limit)
+        set_params(self.model, res.params)
         ev = self.heldout.evaluate(self.model, d.beta) if evaluate() else {"heldout_pref_acc": None,
                                                                           "heldout_dpo_loss": None}
         stats = swarm.stats() if swarm else self.last_stats
+        gap = topology.spectral_gap(topology.mixing_matrix_from_adjacency(plan.adjacency)) if len(ids) > 1 else 1.0
         row = {
             "round": r,
             "dpo_loss": step.loss,
+            "lr": self.trainer.optimizer.param_groups[0]["lr"],
             "train_pref_acc": step.accuracy,
             **ev,
             "consensus_distance": res.consensus_distance,
             "bytes_sent": stats["bytes_out"] - self.last_stats["bytes_out"] + allreduce_bytes,
             "bytes_received": stats["bytes_in"] - self.last_stats["bytes_in"] + allreduce_bytes,
             "payload_bytes": len(payload),
-            "params_digest": A.params_digest(res.params),
-            "params_probe": A.params_probe(res.params),
+            "params_digest": params_digest(res.params),
+            "params_probe": params_probe(res.params),
             "graph": d.topology if d.averaging == "gossip" else d.averaging,
-            "spectral_gap": T.spectral_gap(T.mixing_matrix_from_adjacency(adj)) if len(ids) > 1 else 1.0,
+            "spectral_gap": gap,
             "num_peers": len(ids),
             "neighbours": res.present,
             "missing_neighbours": res.missing,
             "weights": res.weights,
             "rejected": dict(self.rejects.counts),
-            "user": self.user,
+            "user": self.data.user,
             "peer_id": me,
             "seconds": round(time.time() - t0, 3),
         }
         self.last_stats = stats
+        self.neighbours = res.present
+        self.round = r + 1
         return row, res
-
-
-def _build(cfg: NodeConfig) -> _Node:
-    from swarm_node.models.loading import load_model
-
-    d = cfg.dpo
-    torch.manual_seed(cfg.seed)
-    lora = cfg.model.lora if cfg.model.lora.enabled else None
-    loaded = load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.model.device, lora=lora, name=cfg.model.name)
-    model, tok = loaded.model, loaded.tokenizer
-    if loaded.device.type == "cpu" and sum(p.numel() for p in model.parameters()) < TINY_PARAMS:
-        torch.set_num_threads(1)
-    data = node_preferences(d.data_path, d.eval_data_path, user=d.user, seed=cfg.seed, num_users=d.num_users,
-                            pairs_per_user=d.pairs_per_user, heldout_pairs=d.heldout_pairs)
-    trainer = DPOTrainer(model, tok, data.train, beta=d.beta, lr=_default_lr(cfg, loaded), batch_size=d.batch_size,
-                         max_length=d.max_length, grad_clip=cfg.training.grad_clip, seed=cfg.seed)
-    heldout = HeldOut(model, tok, data.heldout, d.max_length)
-    arch_fp = A.arch_fingerprint(model)
-    swarm = None
-    if cfg.swarm.enabled and d.averaging != "none":
-        from swarm_node.swarm import PeerInfo, SwarmNode
-
-        info = PeerInfo(mode="dpo", model_name=loaded.name, tokenizer_fp=loaded.tokenizer_fp, task_id=data.task_id,
-                        arch_fp=arch_fp)
-        swarm = SwarmNode(cfg.swarm, info, logger=logging.getLogger("swarm_node.swarm")).start()
-    log.info("DPO node: user %s, %d train / %d held-out pairs, %s averaging on %s, arch %s",
-             data.user, len(data.train), len(data.heldout), d.averaging, d.topology, arch_fp)
-    shapes = [p.shape for _, p in A.trainable_named(model)]
-    node = _Node(cfg, model, trainer, heldout, _Exchange(cfg, swarm, arch_fp), arch_fp, shapes, data.user)
-    if swarm:
-        node.last_stats = swarm.stats()
-        if d.averaging == "federated" and d.federated_backend == "allreduce" and d.participants_per_round is None:
-            try:
-                node.allreduce = _AllReduce(cfg, A.get_params(model), arch_fp)
-            except BaseException:
-                node.ex.close()
-                raise
-    return node
 
 
 def run_dpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> int:
     """Run DPO rounds until cfg.rounds or a signal; one JSON line per round in state_dir/metrics.jsonl."""
     setup_logging(log_level)
-    node = _build(cfg)
+    node = DPONode(cfg, state_dir)
+    node.resume()
     stop = StopFlag().install()
-    r, neighbours = 0, []
+    progress = RoundProgress(f"{node.loaded.name} dpo", cfg.rounds, describe=dpo_round_line,
+                             accuracy_key="heldout_pref_acc")
     try:
-        node.ex.wait_for_peers(stop)
-        metrics = MetricsWriter(Path(state_dir), cfg.metrics.prometheus_port, node_name=node.ex.self_id)
-        metrics.truncate_after(-1)  # DPO mode has no resume: a run starts at round 0
+        if cfg.swarm.enabled and cfg.dpo.averaging != "none" and not stop:
+            node.join_swarm()
+            node.exchange.wait_for_peers(lambda: bool(stop))
+            if cfg.dpo.averaging == "gossip":
+                node.catch_up()
         # The stop decision is taken once per round, when the round is evaluated: a signal that lands after
         # that point is seen by the next round, which then runs to its end and is evaluated. So the last
         # logged row always carries a held-out evaluation, whenever the signal arrives.
         stopping = bool(stop)
-        while not stopping and (cfg.rounds is None or r < cfg.rounds):
+        while not stopping and (cfg.rounds is None or node.round < cfg.rounds):
+            r = node.round
             due = r % cfg.metrics.eval_every == 0 or r == (cfg.rounds or 0) - 1
             decided: dict[str, bool] = {}
 
@@ -324,17 +238,21 @@ def run_dpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> i
                 decided["stop"] = bool(stop)
                 return due or decided["stop"]
 
-            row, res = node.round(r, evaluate=evaluate)
-            metrics.write(row)
-            log.info("round %d: loss %.4f held-out acc %s consensus %.4f neighbours %d missing %d", r,
-                     row["dpo_loss"], row["heldout_pref_acc"], row["consensus_distance"], len(res.present),
-                     len(res.missing))
-            r, neighbours, stopping = r + 1, res.present, decided["stop"]
-        node.ex.linger(r, neighbours)
+            row, res = node.run_round(evaluate=evaluate)
+            node.metrics.write(row)
+            progress.update(row)
+            log.debug("round %d: consensus %.4f neighbours %d missing %d", r, row["consensus_distance"],
+                      len(res.present), len(res.missing))
+            if node.round % cfg.checkpoint.every_rounds == 0:
+                node.checkpoint()
+            stopping = decided["stop"]
+        if stop:
+            log.info("%s received: stopping after round %d", stop.signal_name, node.round - 1)
+        node.checkpoint()
+        node.exchange.linger(node.round, node.neighbours)
     finally:
-        if node.allreduce is not None:
-            node.allreduce.close()
-        node.ex.close()
+        progress.close()
+        node.close()
         stop.restore()
-    log.info("DPO node stopped after %d rounds", r)
+    log.info("DPO node stopped after round %d", node.round - 1)
     return 0

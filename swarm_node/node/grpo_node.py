@@ -18,20 +18,37 @@ import torch
 
 from swarm_node.config import NodeConfig
 from swarm_node.errors import UserFacingError
+from swarm_node.evaluation import evaluate
 from swarm_node.generation import make_generator
-from swarm_node.models.loading import LoadedModel, load_model
-from swarm_node.node.checkpoint import list_checkpoints, load_checkpoint, remove_partial, save_checkpoint
-from swarm_node.node.evaluation import evaluate
+from swarm_node.generation.prompts import PromptEncoder
+from swarm_node.models.loading import LoadedModel, enable_gradient_checkpointing, load_model
+from swarm_node.node.checkpoint import (
+    list_checkpoints,
+    load_checkpoint,
+    model_record,
+    remove_partial,
+    save_checkpoint,
+)
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress
-from swarm_node.node.rollouts import Expectations, LocalRollouts, admit_batch, score
+from swarm_node.node.rollouts import (
+    Expectations,
+    LocalRollouts,
+    LogprobAudit,
+    ReplayWindow,
+    admit_batch,
+    cap_share,
+    score,
+)
 from swarm_node.node.stopping import StopFlag
 from swarm_node.protocol import DecodeLimits, ProtocolError, decode_batch, encode_batch
 from swarm_node.tasks import get_task
 from swarm_node.tasks.base import Task
 from swarm_node.training.groups import TrainGroup
 from swarm_node.training.grpo_step import GRPOTrainer
+from swarm_node.training.lr_schedule import lr_factor
+from swarm_node.training.optim import set_lr
 
 log = logging.getLogger("swarm_node.node")
 
@@ -64,12 +81,15 @@ class GRPONode:
         self.state_dir = Path(state_dir)
         self.loaded = loaded or load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.model.device,
                                            lora=cfg.model.lora, name=cfg.model.name)
+        if cfg.training.gradient_checkpointing:
+            enable_gradient_checkpointing(self.loaded.model)
         self.tok = self.loaded.tokenizer
+        self.prompts = PromptEncoder(self.tok, cfg.generation.chat_template, cfg.generation.max_prompt_tokens)
         self.task: Task = get_task(cfg.task)
         self.generator = make_generator(self.loaded, cfg.generation)
         self.trainer = GRPOTrainer(self.loaded.model, cfg.training, self.tok.pad_token_id,
-                                   lr_default=self.loaded.default_lr())
-        self.metrics = MetricsWriter(self.state_dir, cfg.metrics.prometheus_port)
+                                   lr_default=self.loaded.default_lr(), temperature=cfg.generation.temperature)
+        self.metrics = MetricsWriter.from_config(self.state_dir, cfg, node_name=self.loaded.name)
         self.round = 0
         self.saved_round = 0  # round 0 = the model as loaded; never worth a checkpoint
         self.swarm = None
@@ -79,7 +99,8 @@ class GRPONode:
             swarm_id=cfg.swarm.swarm_id, task_id=self.task.task_id, tokenizer_fp=self.loaded.tokenizer_fp,
             vocab_size=self.loaded.vocab_size, trust_peer_rewards=cfg.swarm.trust_peer_rewards,
         )
-        self.rejected_total: Counter = Counter()
+        self.replay = ReplayWindow(window=cfg.swarm.staleness_rounds + 2)  # hole 5: a completion counts once
+        self.audit = LogprobAudit(cap=cfg.training.cap)  # hole 6: claimed log-probs against our recompute
         # groups from an in-process source instead of the swarm (off-policy experiments, benchmarks)
         self.external_source: Callable[[int], list[TrainGroup]] | None = None
 
@@ -110,7 +131,7 @@ class GRPONode:
             return
         self.saved_round = self.round
         save_checkpoint(self.state_dir, self.round, self.loaded.model, self.trainer.state_dict(),
-                        {"model_name": self.loaded.name, "is_lora": self.loaded.is_lora},
+                        model_record(self.loaded, self.cfg.model.lora),
                         self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
 
     def join_swarm(self) -> None:
@@ -138,12 +159,12 @@ class GRPONode:
     def evaluate(self) -> dict:
         g = self.cfg.generation
         return evaluate(self.loaded.model, self.tok, self.task, self.cfg.task.eval_split, self.cfg.task.eval_n,
-                        max_new_tokens=g.max_new_tokens, batch_size=max(g.batch_size, 64))
+                        max_new_tokens=g.max_new_tokens, batch_size=max(g.batch_size, 64), encode=self.prompts.encode)
 
     def generate(self, round_: int) -> LocalRollouts:
         g = self.cfg.generation
         prompts = self.task.train_prompts(self.cfg.task.prompts_per_round, self._rng(round_))
-        ids = [self.tok(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+        ids = [self.prompts.encode(p.text) for p in prompts]
         samples = self.generator.generate(ids, g.num_generations, max_new_tokens=g.max_new_tokens,
                                           temperature=g.temperature, seed=self.cfg.seed * 1_000_003 + round_)
         return LocalRollouts(prompts, ids, samples, score(self.task, self.tok, prompts, samples))
@@ -174,6 +195,7 @@ class GRPONode:
         payload = encode_batch(batch)
         self.swarm.set_round(round_)
         self.swarm.publish("batch", round_, payload, version=version, generated=generated)
+        self.replay.remember(round_, local.train_groups())  # our own samples sent back to us count once
         info["bytes_per_token"] = len(payload) / max(1, local.tokens())
         # The first round after joining waits (up to the deadline) for the first batches of the live peers
         # it sees, so a swarm started together shares from its first round; after that, async never waits.
@@ -198,11 +220,22 @@ class GRPONode:
             if decoded.round != rec.round:  # the payload must be what the announcement said
                 rejected["round_mismatch"] += 1
                 continue
-            adm = admit_batch(decoded, rec.peer_id, self.task, self.tok, self.expect)
+            adm = admit_batch(decoded, rec.peer_id, self.task, self.tok, self.expect, encode=self.prompts.encode)
             rejected.update(adm.rejected)
             info["rewards_overridden"] += adm.rewards_changed
             if adm.rejected:
                 log.warning("declined %s from %s", dict(adm.rejected), rec.peer_id)
+            adm.groups, dup = self.replay.admit(round_, adm.groups)
+            rejected.update(dup)
+            adm.groups, capped = cap_share(adm.groups, self.cfg.task.prompts_per_round)
+            if capped:
+                rejected["share_capped"] += capped
+            if adm.groups:
+                ok, stat, limit = self.audit.judge(adm.groups, self.trainer.completion_logprobs(adm.groups))
+                if not ok:
+                    rejected["logprob_outlier"] += 1
+                    log.warning("declined batch from %s: mean capped weight %.3f > %.3f", rec.peer_id, stat, limit)
+                    continue
             groups.extend(adm.groups)
             if adm.groups:
                 ages.append(rec.age_s)
@@ -214,7 +247,6 @@ class GRPONode:
         info["batch_age_s"] = ages
         info["version_lag"] = lags
         info["rejected"] = dict(rejected)
-        self.rejected_total.update(rejected)
         return groups, info
 
     def run_round(self) -> dict:
@@ -226,6 +258,9 @@ class GRPONode:
         # policy version = rounds trained so far (the policy that sampled round r has seen r - 1 rounds)
         external, swarm_info = self.exchange(local, r, version=self.round, generated=generated)
         t1 = time.perf_counter()
+        t = self.cfg.training
+        lr_now = self.trainer.lr * lr_factor(t.lr_schedule, r - 1, t.warmup_rounds, self.cfg.rounds)
+        set_lr(self.trainer.optimizer, lr_now)
         try:
             res = self.trainer.step(local.train_groups() + external)
         except torch.OutOfMemoryError:
@@ -255,7 +290,7 @@ class GRPONode:
             "truncated_frac_external": res.truncated_frac_external,
             "divergence_external": res.mean_divergence_external,
             "grad_norm": res.grad_norm,
-            "lr": res.lr,
+            "lr": lr_now,
             "stepped": res.stepped,
             "tokens_per_s": local.tokens() / gen_s if gen_s > 0 else None,
             "gen_s": round(gen_s, 4),
@@ -309,7 +344,7 @@ def run_grpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> 
             node.metrics.write({"round": 0, "reward_mean": None, "loss": None, "local_groups": 0,
                                 "external_groups": 0, "filtered": 0, "tokens_per_s": None, "gen_s": 0.0,
                                 "train_s": 0.0, "eval_accuracy": ev["accuracy"], "eval_n": ev["n"],
-                                "time": time.time()})
+                                "model": node.loaded.info(), "task_id": node.task.task_id, "time": time.time()})
             log.info("round 0: eval accuracy %.3f (%s split, n=%d)", ev["accuracy"], cfg.task.eval_split, ev["n"])
         while not stop and (cfg.rounds is None or node.round < cfg.rounds):
             row = node.run_round()
@@ -323,5 +358,6 @@ def run_grpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> 
     finally:
         progress.close()
         node.close()
+        node.metrics.close()
         stop.restore()
     return 0

@@ -1,4 +1,4 @@
-"""Per-round metrics: one JSON line per round in metrics.jsonl, and an opt-in Prometheus endpoint."""
+"""Per-round metrics: one JSON line per round in metrics.jsonl, an opt-in Prometheus endpoint, optional trackers."""
 
 from __future__ import annotations
 
@@ -6,23 +6,24 @@ import json
 import logging
 import math
 import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
+from swarm_node.errors import UserFacingError
+
 log = logging.getLogger(__name__)
 
-# reasons named by this node's code (peers cannot invent new ones); protocol:* and swarm:* come from
-# fixed lists in swarm_node.protocol.errors and swarm_node.swarm
+# Reasons named by this node's own code, exported to Prometheus as they are. `protocol:*` reasons are
+# bounded by swarm_node.protocol.errors.REASONS (ProtocolError refuses any other); `swarm:*` reasons are the
+# literals passed to SwarmNode._reject in swarm_node/swarm/node.py and the transfer layer's own reasons.
+# Peers choose none of these names, so the exported label set stays bounded.
 REJECT_REASONS_EXPORTED = frozenset({
     "swarm_mismatch", "task_mismatch", "tokenizer_mismatch", "vocab_mismatch", "unknown_prompt",
     "prompt_mismatch", "group_too_small", "duplicate_group", "reward_out_of_range", "stale", "round_mismatch",
-    "oom_external",
+    "oom_external", "duplicate_completion", "replayed_group", "share_capped", "logprob_outlier",
 })
-
-GRPO_FIELDS = (
-    "round", "reward_mean", "loss", "local_groups", "external_groups", "filtered", "tokens_per_s",
-    "gen_s", "train_s", "eval_accuracy",
-)
 
 
 def _clean(v: Any) -> Any:
@@ -36,29 +37,76 @@ def _clean(v: Any) -> Any:
     return v
 
 
+# per-round counts: exported as Prometheus counters (running totals), the rest of the numbers as gauges
+COUNTED_FIELDS = frozenset({
+    "local_groups", "external_groups", "filtered", "filtered_external", "kept", "zero_advantage_groups",
+    "rewards_overridden", "bytes_out", "bytes_in", "bytes_sent", "bytes_received",
+})
+
+
 class MetricsWriter:
-    def __init__(self, state_dir: Path, prometheus_port: int | None = None, node_name: str = "node"):
+    """Appends one JSON row per round to STATE_DIR/metrics.jsonl and mirrors it to Prometheus and trackers."""
+
+    def __init__(self, state_dir: Path, prometheus_port: int | None = None, node_name: str = "node", *,
+                 prometheus_host: str = "127.0.0.1", trackers: list | None = None):
         self.path = Path(state_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._gauges: dict[str, Any] = {}
-        self._rejected_total: dict[str, int] = {}
+        self.node_name = node_name
+        self.trackers = list(trackers or [])
+        self._series: dict[str, Any] = {}
         self._prom = None
+        self._server = None
         if prometheus_port:
             import prometheus_client as prom
 
             self._prom = prom
             self._registry = prom.CollectorRegistry()
-            prom.start_http_server(prometheus_port, registry=self._registry)
-        self.node_name = node_name
+            try:
+                started = prom.start_http_server(prometheus_port, addr=prometheus_host, registry=self._registry)
+            except OSError as exc:
+                raise UserFacingError(f"metrics.prometheus_port: cannot serve /metrics on {prometheus_host}:"
+                                      f"{prometheus_port} ({exc.strerror}); pick a free port") from None
+            self._server = started[0] if isinstance(started, tuple) else None
+            self._prom.Info("swarm_node", "node this endpoint belongs to", registry=self._registry).info(
+                {"node": node_name})
+
+    @classmethod
+    def from_config(cls, state_dir: Path, cfg: Any, node_name: str) -> MetricsWriter:
+        """From a NodeConfig: Prometheus per `metrics.prometheus_*`, trackers per `metrics.report_to`."""
+        from swarm_node.node.trackers import make_trackers
+
+        m = cfg.metrics
+        trackers = make_trackers(m.report_to, Path(state_dir), node_name=node_name,
+                                 tensorboard_dir=m.tensorboard_dir, wandb_project=m.wandb_project,
+                                 config=cfg.model_dump(mode="json")) if m.report_to else []
+        return cls(state_dir, m.prometheus_port, node_name, prometheus_host=m.prometheus_host, trackers=trackers)
 
     def truncate_after(self, round_: int) -> None:
-        """On resume: drop rows of rounds that the restored checkpoint does not contain."""
+        """On (re)start: drop rows of rounds that the restored checkpoint does not contain (all rows: -1).
+
+        Nothing is lost: the whole previous file is kept beside it first, and the move is logged.
+        """
         if not self.path.exists():
             return
-        keep = [json.dumps(r) for r in read_metrics(self.path) if r.get("round", 0) <= round_]
+        rows = read_metrics(self.path)
+        keep = [r for r in rows if r.get("round", 0) <= round_]
+        if len(keep) == len(rows):
+            return
+        backup = self.path.with_name(f"metrics.jsonl.{time.strftime('%Y%m%d-%H%M%S')}.bak")
+        n = 1
+        while backup.exists():
+            n += 1
+            backup = self.path.with_name(f"metrics.jsonl.{time.strftime('%Y%m%d-%H%M%S')}-{n}.bak")
+        shutil.copy2(self.path, backup)
         tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(ln + "\n" for ln in keep))
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         os.replace(tmp, self.path)
+        if round_ < 0:
+            log.warning("no checkpoint to resume from in %s: starting at round 0; the %d rows of the previous run "
+                        "were moved out of metrics.jsonl into %s", self.path.parent, len(rows), backup.name)
+        else:
+            log.warning("resuming at round %d: dropped %d metrics.jsonl rows of later rounds (not in the checkpoint); "
+                        "the previous file is kept as %s", round_, len(rows) - len(keep), backup.name)
 
     def write(self, row: dict) -> None:
         row = _clean(row)
@@ -66,30 +114,55 @@ class MetricsWriter:
             fh.write(json.dumps(row, sort_keys=False) + "\n")
         if self._prom is not None:
             self._export(row)
+        for tracker in self.trackers:
+            tracker.log(row, step=int(row.get("round", 0)))
+
+    def close(self) -> None:
+        """Finish the trackers' runs and stop serving /metrics. Idempotent."""
+        trackers, self.trackers = self.trackers, []
+        for tracker in trackers:
+            try:
+                tracker.close()
+            except Exception as exc:  # a tracker failing at exit must not hide the run's own outcome
+                log.warning("closing %s failed: %s", type(tracker).__name__, exc)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def _metric(self, kind: str, name: str, doc: str, labels: tuple[str, ...] = ("node",)) -> Any:
+        m = self._series.get(name)
+        if m is None:
+            cls = self._prom.Counter if kind == "counter" else self._prom.Gauge
+            m = self._series[name] = cls(name, doc, labels, registry=self._registry)
+        return m
 
     def _export(self, row: dict, prefix: str = "swarm_node_") -> None:
-        """Gauges for the round's top-level numbers; `rejected` as running totals by reason.
+        """Counters for what a round counts (groups, sequences, bytes, rejections by reason), gauges for the rest.
 
-        Other per-round dicts (e.g. groups by peer) are keyed by names that peers choose, so they stay in
-        metrics.jsonl only: exporting them would let peers grow the label set without bound.
+        Every series has a `node` label. Per-round dicts keyed by names that peers choose (groups by peer)
+        stay in metrics.jsonl only: exporting them would let peers grow the label set without bound; so do
+        rejection reasons outside this node's fixed list.
         """
+        node = self.node_name
+        self._metric("counter", prefix + "rounds", "rounds completed (round 0 = the initial eval)").labels(node).inc()
         for reason, n in (row.get("rejected") or {}).items():
-            self._rejected_total[reason] = self._rejected_total.get(reason, 0) + int(n)
-        totals = {f"rejected_total_{k}": v for k, v in self._rejected_total.items() if k in REJECT_REASONS_EXPORTED
-                  or k.startswith(("protocol:", "swarm:"))}
-        for key, value in {**row, **totals}.items():
-            if isinstance(value, dict):
-                continue
-            if not isinstance(value, int | float) or isinstance(value, bool) or value is None:
+            if reason in REJECT_REASONS_EXPORTED or reason.startswith(("protocol:", "swarm:")):
+                self._metric("counter", prefix + "rejected", "peer batches or groups declined, by reason",
+                             ("node", "reason")).labels(node, reason).inc(int(n))
+        for key, value in row.items():
+            if isinstance(value, dict) or isinstance(value, bool) or not isinstance(value, int | float):
                 continue
             name = prefix + "".join(c if c.isalnum() else "_" for c in key)
-            g = self._gauges.get(name)
-            if g is None:
-                g = self._gauges[name] = self._prom.Gauge(name, f"last value of {key}", registry=self._registry)
-            g.set(float(value))
+            if key in COUNTED_FIELDS:
+                self._metric("counter", name, f"total of the per-round {key}").labels(node).inc(max(0, value))
+            else:
+                self._metric("gauge", name, f"last round's {key}").labels(node).set(float(value))
 
 
-def read_metrics(path: Path) -> list[dict]:
+def read_metrics(path: Path, warn: bool = True) -> list[dict]:
+    """Rows of a metrics.jsonl; a line that is not JSON (cut short by a crash, or being written by a live
+    node while the demo's table reads it) is skipped, with a warning unless `warn` is False."""
     rows = []
     p = Path(path)
     if not p.exists():
@@ -99,6 +172,7 @@ def read_metrics(path: Path) -> list[dict]:
             continue
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a crash or a full disk
-            log.warning("%s: line %d is not valid JSON; skipped", p, n)
+        except json.JSONDecodeError:
+            if warn:
+                log.warning("%s: line %d is not valid JSON; skipped", p, n)
     return rows

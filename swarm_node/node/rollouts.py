@@ -8,7 +8,10 @@ rewards are not trusted.
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,8 +96,12 @@ class Admitted:
     rewards_changed: int = 0                              # completions whose claimed reward we overrode
 
 
-def admit_batch(batch: RolloutBatch, source: str, task: Task, tokenizer: Any, expect: Expectations) -> Admitted:
-    """Turn a decoded peer batch into TrainGroups, declining what this node cannot verify or use."""
+def admit_batch(batch: RolloutBatch, source: str, task: Task, tokenizer: Any, expect: Expectations,
+                encode: Callable[[str], list[int]] | None = None) -> Admitted:
+    """Turn a decoded peer batch into TrainGroups, declining what this node cannot verify or use.
+
+    `encode` is how this node encodes prompts (`PromptEncoder.encode`); default: the plain text.
+    """
     out = Admitted()
     if batch.swarm_id != expect.swarm_id:
         out.rejected["swarm_mismatch"] += 1
@@ -118,7 +125,7 @@ def admit_batch(batch: RolloutBatch, source: str, task: Task, tokenizer: Any, ex
         if prompt is None:
             out.rejected["unknown_prompt"] += 1
             continue
-        expected_ids = tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
+        expected_ids = encode(prompt.text) if encode else tokenizer(prompt.text, add_special_tokens=False)["input_ids"]
         if list(np.asarray(g.prompt_ids).tolist()) != list(expected_ids):
             out.rejected["prompt_mismatch"] += 1
             continue
@@ -148,3 +155,130 @@ def admit_batch(batch: RolloutBatch, source: str, task: Task, tokenizer: Any, ex
             )
         )
     return out
+
+
+# ---- hole 5: the same completions under several identities count once ----
+
+
+def completion_key(prompt_ids: np.ndarray, token_ids: np.ndarray, logprobs: np.ndarray) -> bytes:
+    """Content hash of one completion: prompt ids, completion ids and log-probs on the wire's 1/64 grid.
+
+    A peer that re-encodes another's batch as its own (hole 5) sends the same ids and the same quantized
+    log-probs, so the key matches whatever identity announces it.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.asarray(prompt_ids, dtype="<i8").tobytes())
+    h.update(b"|")
+    h.update(np.asarray(token_ids, dtype="<i8").tobytes())
+    h.update(b"|")
+    h.update(np.rint(-np.asarray(logprobs, dtype=np.float64) * 64.0).astype("<i4").tobytes())
+    return h.digest()
+
+
+class ReplayWindow:
+    """Completions seen over the last `window` rounds, from any peer and from this node itself.
+
+    A completion already seen (another peer's copy, a replay of an earlier round, or our own samples
+    sent back to us) is dropped and counted (`duplicate_completion`); a group left with fewer than two
+    completions is dropped (`replayed_group`). Memory: at most `max_keys` 16-byte keys.
+    """
+
+    def __init__(self, window: int, max_keys: int = 1_000_000) -> None:
+        self.window = max(1, int(window))
+        self.max_keys = max_keys
+        self._by_round: dict[int, set[bytes]] = {}
+
+    def _prune(self, round_: int) -> None:
+        for r in [r for r in self._by_round if r <= round_ - self.window or r > round_]:
+            del self._by_round[r]
+        while sum(len(s) for s in self._by_round.values()) > self.max_keys and len(self._by_round) > 1:
+            del self._by_round[min(self._by_round)]
+
+    def _seen(self, key: bytes) -> bool:
+        return any(key in s for s in self._by_round.values())
+
+    def remember(self, round_: int, groups: list[TrainGroup]) -> None:
+        """Record our own groups of this round (duplicates among them are not filtered)."""
+        self._prune(round_)
+        keys = self._by_round.setdefault(round_, set())
+        for g in groups:
+            keys.update(completion_key(g.prompt_ids, c, b) for c, b in zip(g.completions, g.behaviour_logprobs, strict=True))
+
+    def admit(self, round_: int, groups: list[TrainGroup]) -> tuple[list[TrainGroup], Counter]:
+        """Groups of one peer's batch with already-seen completions removed; remembers what it keeps."""
+        self._prune(round_)
+        keys = self._by_round.setdefault(round_, set())
+        out, rejected = [], Counter()
+        for g in groups:
+            keep, fresh = [], []
+            for i, (c, b) in enumerate(zip(g.completions, g.behaviour_logprobs, strict=True)):
+                k = completion_key(g.prompt_ids, c, b)
+                if self._seen(k) or k in fresh:
+                    rejected["duplicate_completion"] += 1
+                    continue
+                keep.append(i)
+                fresh.append(k)
+            if len(keep) < 2:
+                rejected["replayed_group"] += 1
+                continue
+            keys.update(fresh)
+            if len(keep) == len(g.completions):
+                out.append(g)
+            else:
+                out.append(TrainGroup(prompt_ids=g.prompt_ids, completions=[g.completions[i] for i in keep],
+                                      behaviour_logprobs=[g.behaviour_logprobs[i] for i in keep],
+                                      rewards=np.asarray(g.rewards)[keep], source=g.source))
+        return out, rejected
+
+
+# ---- hole 6: claimed behaviour log-probs against our own recompute; a per-identity share cap ----
+
+
+@dataclass(frozen=True)
+class LogprobAudit:
+    """Refuses a peer's batch whose claimed log-probs make our importance weights too large on average.
+
+    For tokens really sampled from the peer's distribution q, E_q[p/q] = sum over the support of p <= 1,
+    whatever our model p is, so the mean of the capped weight min(p/q, cap) over a batch stays below 1
+    up to noise. Fabricated low log-probs (hole 6: they buy the cap's full 2x on positive-advantage
+    completions) push it toward the cap. The per-token weights lie in [0, cap] and, given their prefixes,
+    each has mean <= 1, so by Azuma-Hoeffding an honest batch of n tokens exceeds
+    1 + margin + cap * sqrt(ln(1/delta) / (2 n)) with probability at most delta, for any honest model
+    (`margin` covers the wire's 1/128 log-prob rounding). Only batches whose log-probs are not their
+    sampling distribution (top-k/top-p truncation, another temperature) are at risk of a false positive.
+    """
+
+    cap: float = 2.0
+    delta: float = 1e-4
+    margin: float = 0.02
+    min_tokens: int = 32
+
+    def threshold(self, n_tokens: int) -> float:
+        return 1.0 + self.margin + self.cap * math.sqrt(math.log(1.0 / self.delta) / (2.0 * max(n_tokens, 1)))
+
+    def statistic(self, groups: list[TrainGroup], recomputed: list[list[np.ndarray]]) -> tuple[float, int]:
+        """(mean capped weight min(exp(logp - logq), cap) over all completion tokens, token count)."""
+        ratios = [np.minimum(np.exp(np.asarray(lp, np.float64) - np.asarray(b, np.float64)), self.cap)
+                  for g, lps in zip(groups, recomputed, strict=True)
+                  for lp, b in zip(lps, g.behaviour_logprobs, strict=True) if len(lp)]
+        if not ratios:
+            return 0.0, 0
+        flat = np.concatenate(ratios)
+        return float(flat.mean()), int(flat.size)
+
+    def judge(self, groups: list[TrainGroup], recomputed: list[list[np.ndarray]]) -> tuple[bool, float, float]:
+        """(accept, statistic, threshold); batches under `min_tokens` tokens are accepted unjudged."""
+        stat, n = self.statistic(groups, recomputed)
+        limit = self.threshold(n)
+        return n < self.min_tokens or stat <= limit, stat, limit
+
+
+def cap_share(groups: list[TrainGroup], max_groups: int) -> tuple[list[TrainGroup], int]:
+    """At most `max_groups` of one identity's groups in a round (the rest counted `share_capped`).
+
+    With the cap at this node's own prompts per round, no single identity outweighs our own samples;
+    a Sybil needs as many identities as it wants shares, each of which still costs it a slot of K.
+    """
+    if max_groups < 0 or len(groups) <= max_groups:
+        return groups, 0
+    return groups[:max_groups], len(groups) - max_groups

@@ -48,8 +48,11 @@ class RolloutBatch:
 class DecodeLimits:
     """Upper bounds a receiver enforces before and while decoding a peer's payload.
 
-    Defaults fit a GRPO round of a 0.5B-7B model (e.g. 64 prompts x 16 completions x 4k tokens) with room
-    to spare, while keeping the worst-case memory of one decode to a few hundred MiB.
+    Defaults fit a GRPO round of a 0.5B-7B model (e.g. 64 prompts x 16 completions x 4k tokens = 2**22
+    completion tokens) with 2x room, while keeping the worst-case memory of one decode to a few hundred
+    MiB. A node builds tighter limits from its own round size (node.grpo_node.receive_limits); the
+    decompressed-body cap and msgpack's length limits follow from these fields (`body_cap`,
+    `msgpack_limits`), so every bound of a decode scales with what the node itself would send.
     """
 
     max_compressed_bytes: int = 64 * MiB
@@ -59,6 +62,32 @@ class DecodeLimits:
     max_completions: int = 65536
     max_prompt_tokens: int = 65536
     max_tokens_per_completion: int = 65536
-    max_total_tokens: int = 1 << 26
+    max_total_tokens: int = 1 << 23
     max_string_bytes: int = 512  # utf-8 bytes of each string field (ids, names, fingerprints)
     max_vocab_size: int = 1 << 24
+    max_map_keys: int = 64  # keys of the body map (18 today; unknown keys are ignored)
+
+    def body_cap(self) -> int:
+        """Bytes of the largest msgpack body any batch within these limits can need, capped by
+        `max_decompressed_bytes`: 4 strings, G prompt ids, 3 count columns, 8-byte rewards, and at most
+        4 bytes per palette entry, index and quantized log-prob, plus 4 KiB for keys and small fields.
+        """
+        s, g, c, t = self.max_string_bytes, self.max_groups, self.max_completions, self.max_total_tokens
+        palette = min(self.max_vocab_size, t)
+        need = 4 * (s + 5) + g * (s + 5) + 8 * g + 12 * c + 4 * palette + 8 * t + 4096
+        return min(self.max_decompressed_bytes, need)
+
+    def msgpack_limits(self) -> dict[str, int]:
+        """Length limits for msgpack.unpackb: no string, bin, array or map longer than a valid body has.
+
+        Strings get 4x their limit (and arrays 2x) so that a long one is still refused by name by the field
+        checks (`string_too_long`, `too_many_groups`).
+        """
+        t, c = self.max_total_tokens, self.max_completions
+        return {
+            "max_str_len": 4 * self.max_string_bytes,
+            "max_bin_len": max(4 * t, 8 * c, 4 * min(self.max_vocab_size, t)),
+            "max_array_len": max(2 * self.max_groups, 16),  # 2x: an over-long `pid` is `too_many_groups`
+            "max_map_len": self.max_map_keys,
+            "max_ext_len": self.max_string_bytes,
+        }

@@ -68,7 +68,7 @@ def choose_id_layout(counts: np.ndarray) -> int:
 
 def _encode_ids(indices: np.ndarray, palette_size: int, layout: int) -> list[Any]:
     if layout == ID_PACKED:
-        width = col.bit_width(palette_size)
+        width = col.packed_width(palette_size)
         return [width, col.pack_bits(indices, width)]
     k, data = col.to_planes(indices)
     return [k, data]
@@ -158,10 +158,16 @@ def _pair(obj: dict, key: str) -> tuple[int, bytes]:
 
 
 def _uints(obj: dict, key: str, count: int) -> np.ndarray:
-    """A byte-plane column of `count` values; its size is checked before anything is allocated."""
+    """A byte-plane column of `count` values; its bytes are checked before anything is allocated.
+
+    A column of count > 0 must carry at least one plane: `count` comes from other fields, and without
+    this a few hundred bytes could make the decoder allocate arrays for 2**26 values that were never sent.
+    """
     k, data = _pair(obj, key)
     if not 0 <= k <= 4:
         raise ProtocolError("schema", f"{key!r} has {k} byte planes, not 0..4")
+    if count and not k:
+        raise ProtocolError("missing_planes", f"{key!r} has no byte planes for {count} values")
     if len(data) != k * count:
         raise ProtocolError("length_mismatch", f"{key!r} has {len(data)} bytes, expected {k} x {count}")
     return col.from_planes(data, k, count).astype(np.int64)
@@ -170,8 +176,10 @@ def _uints(obj: dict, key: str, count: int) -> np.ndarray:
 def _decode_ids(obj: dict, layout: int, palette_size: int, count: int) -> np.ndarray:
     if layout == ID_PACKED:
         width, data = _pair(obj, "idx")
-        if width != col.bit_width(palette_size):
-            raise ProtocolError("schema", f"id width {width} != bit_width({palette_size})")
+        if count and not width:
+            raise ProtocolError("missing_planes", f"'idx' is bit-packed at width 0 for {count} indices")
+        if width != col.packed_width(palette_size):
+            raise ProtocolError("schema", f"id width {width} != max(1, bit_width({palette_size}))")
         if len(data) != col.packed_size(width, count):
             raise ProtocolError("length_mismatch", f"'idx' has {len(data)} bytes for {count} x {width} bits")
         indices = col.unpack_bits(data, width, count).astype(np.int64)
@@ -207,9 +215,10 @@ def body_to_batch(obj: Any, limits: DecodeLimits = _DEFAULT_LIMITS) -> RolloutBa
         raise ProtocolError("length_mismatch", f"'rw' has {len(rw)} bytes for {n_comps} rewards")
     rewards = np.frombuffer(rw, dtype="<f8")
     check_rewards(rewards)
+    n_prompt_tok, n_comp_tok = int(prompt_lens.sum()), int(comp_lens.sum())
     palette_size = check_int(_field(obj, "np", int), "np")
-    if not 0 <= palette_size <= vocab:
-        raise ProtocolError("schema", f"palette size {palette_size} not in [0, {vocab}]")
+    if not 0 <= palette_size <= min(vocab, n_prompt_tok + n_comp_tok):
+        raise ProtocolError("schema", f"palette size {palette_size} not in [0, min(vocab, tokens)]")
     palette_deltas = check_int(_field(obj, "pd", int), "pd")
     if palette_deltas not in (0, 1):
         raise ProtocolError("schema", f"'pd' is {palette_deltas}, not 0 or 1")
@@ -218,7 +227,6 @@ def body_to_batch(obj: Any, limits: DecodeLimits = _DEFAULT_LIMITS) -> RolloutBa
         palette = np.cumsum(palette)  # < 2**32 * 2**24 entries: no int64 overflow
     if palette.size and int(palette.max()) >= vocab:
         raise ProtocolError("id_out_of_range", f"token id {int(palette.max())} >= vocab_size {vocab}")
-    n_prompt_tok, n_comp_tok = int(prompt_lens.sum()), int(comp_lens.sum())
     layout = check_int(_field(obj, "idl", int), "idl")
     ids = palette[_decode_ids(obj, layout, palette_size, n_prompt_tok + n_comp_tok)]
     scale = check_int(_field(obj, "lps", int), "lps")
@@ -248,20 +256,60 @@ def body_to_batch(obj: Any, limits: DecodeLimits = _DEFAULT_LIMITS) -> RolloutBa
     )
 
 
-def unpack_body(body: bytes) -> Any:
-    """msgpack -> Python objects, never raising anything but ProtocolError (no ext types, str keys only)."""
+class _TooDeep(Exception):
+    """Raised from msgpack's hooks: a container inside a list, or a map inside a map."""
+
+
+def _flat_list(items: list) -> list:
+    if any(isinstance(x, (list, dict)) for x in items):
+        raise _TooDeep("a list holds a container")
+    return items
+
+
+def _flat_map(pairs: dict) -> dict:
+    if any(isinstance(v, dict) for v in pairs.values()):
+        raise _TooDeep("a map holds a map")
+    return pairs
+
+
+def unpack_body(body: bytes, limits: DecodeLimits = _DEFAULT_LIMITS) -> Any:
+    """msgpack -> Python objects, never raising anything but ProtocolError (str keys only).
+
+    The body's shape is a map of scalars, bins and lists of scalars, so the hooks refuse any deeper
+    nesting the moment the first nested container is complete, and msgpack's length limits (from
+    `limits.msgpack_limits()`) refuse any string, bin, array or map longer than a valid body has: a body
+    of millions of nested empty arrays costs a few objects, not one Python list per byte.
+    """
     try:
-        return msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
-    except Exception as exc:  # msgpack raises ValueError, ExtraData, FormatError, StackError, TypeError...
+        return msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True, list_hook=_flat_list,
+                               object_hook=_flat_map, **limits.msgpack_limits())
+    except _TooDeep as exc:
+        raise ProtocolError("msgpack_limit", str(exc)) from None
+    except ValueError as exc:
+        if "exceeds max_" in str(exc):  # msgpack's own length-limit message
+            raise ProtocolError("msgpack_limit", str(exc)) from None
+        raise ProtocolError("msgpack", f"{type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # msgpack raises ExtraData, FormatError, StackError, TypeError...
         raise ProtocolError("msgpack", f"{type(exc).__name__}: {exc}") from None
 
 
+def decode_batch_strict(data: bytes, limits: DecodeLimits = _DEFAULT_LIMITS) -> RolloutBatch:
+    """decode_batch without its safety net: any exception other than ProtocolError is a bug here.
+
+    Tests and the fuzzer call this one, so a missed check shows up as the exception it really is.
+    """
+    return body_to_batch(unpack_body(unframe(data, limits), limits), limits)
+
+
 def decode_batch(data: bytes, limits: DecodeLimits = _DEFAULT_LIMITS) -> RolloutBatch:
-    """Parse and fully validate a peer's payload; any defect raises ProtocolError with a short reason."""
-    body = unframe(data, limits)
+    """Parse and fully validate a peer's payload; any defect raises ProtocolError with a short reason.
+
+    Work is bounded by the limits: the body by `limits.body_cap()`, every array by the counts that the
+    small columns declare and that the bytes present back up; all per-token work is vectorized numpy.
+    """
     try:
-        return body_to_batch(unpack_body(body), limits)
+        return decode_batch_strict(data, limits)
     except ProtocolError:
         raise
-    except Exception as exc:  # defence in depth: a check we missed must still surface as a rejection
-        raise ProtocolError("schema", f"unexpected {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # defence in depth: a node never crashes on a peer's bytes; reason `internal`
+        raise ProtocolError("internal", f"unexpected {type(exc).__name__}: {exc}") from None

@@ -18,6 +18,12 @@ def bit_width(n_values: int) -> int:
     return max(0, int(n_values - 1).bit_length())
 
 
+def packed_width(n_values: int) -> int:
+    """Width of bit-packed palette indices on the wire: bit_width, but at least 1, so that a count of
+    indices is always backed by bytes (width 0 would let 2**23 tokens travel in zero bytes)."""
+    return max(1, bit_width(n_values))
+
+
 def pack_bits(values: np.ndarray, width: int) -> bytes:
     """Pack unsigned values (< 2**width, width <= 32) LSB-first into ceil(n*width/8) bytes.
 
@@ -50,10 +56,14 @@ def packed_size(width: int, count: int) -> int:
 
 
 def plane_count(values: np.ndarray) -> int:
-    """Smallest number of byte planes (0..4) that holds every value (< 2**32)."""
+    """Smallest number of byte planes (1..4) that holds every value (< 2**32); 0 only for no values.
+
+    Even an all-zero column carries one plane: a decoder then sees at least one byte per value before it
+    trusts a count (zstd makes the zero plane nearly free on the wire).
+    """
     if len(values) == 0:
         return 0
-    return (int(values.max()).bit_length() + 7) // 8
+    return max(1, (int(values.max()).bit_length() + 7) // 8)
 
 
 def to_planes(values: np.ndarray, k: int | None = None) -> tuple[int, bytes]:

@@ -13,6 +13,7 @@ REASONS: frozenset[str] = frozenset(
         "decompressed_too_large",  # declared decompressed size over DecodeLimits.max_decompressed_bytes
         "trailing_data",  # bytes after the zstd frame
         "msgpack",  # the decompressed body is not exactly one msgpack object
+        "msgpack_limit",  # a msgpack string/bin/array/map over its length limit, or containers nested too deep
         "schema",  # a field missing, of the wrong type, or with an impossible value
         "string_too_long",
         "vocab_size",  # vocab_size < 2 or > DecodeLimits.max_vocab_size
@@ -23,10 +24,12 @@ REASONS: frozenset[str] = frozenset(
         "completion_too_long",
         "too_many_tokens",  # total tokens in the batch
         "length_mismatch",  # column sizes disagree with the counts they must match
+        "missing_planes",  # a column of count > 0 with no byte planes (or bit width 0): its count is unbacked
         "id_out_of_range",  # a token id >= vocab_size (or negative, on encode)
         "logprob_not_finite",
         "logprob_positive",
         "reward_not_finite",
+        "internal",  # a check we missed raised something else; counted, and a bug to fix (fuzzing finds none)
     }
 )
 

@@ -14,7 +14,7 @@ from .errors import ProtocolError
 
 MAGIC = b"SNRB"
 MAJOR = 1
-MINOR = 0
+MINOR = 1  # 1.1: a non-empty column carries at least one plane, packed indices at least 1 bit
 HEADER = struct.Struct("<4sBBI")
 HEADER_SIZE = HEADER.size  # 10
 MAX_WINDOW = 1 << 27  # zstd's own default ceiling; refuse frames that ask a decoder for more
@@ -62,7 +62,11 @@ def _frame_end(data: bytes, start: int, declared: int) -> int:
 
 
 def unframe(data: bytes, limits: DecodeLimits) -> bytes:
-    """Check the header and size limits, then decompress into a buffer of exactly the declared size."""
+    """Check the header and size limits, then decompress into a buffer of exactly the declared size.
+
+    The declared size must fit `limits.body_cap()`, derived from the token and group limits, so a
+    receiver never inflates more than the largest batch it would accept could need.
+    """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProtocolError("schema", f"payload is {type(data).__name__}, not bytes")
     data = bytes(data)
@@ -75,8 +79,9 @@ def unframe(data: bytes, limits: DecodeLimits) -> bytes:
         raise ProtocolError("bad_magic", f"magic {magic!r} != {MAGIC!r}")
     if major != MAJOR:
         raise ProtocolError("version", f"major version {major}, this decoder knows {MAJOR}")
-    if declared > limits.max_decompressed_bytes:
-        raise ProtocolError("decompressed_too_large", f"declares {declared} > {limits.max_decompressed_bytes}")
+    cap = limits.body_cap()  # the largest body a batch within these limits needs, not a fixed 256 MiB
+    if declared > cap:
+        raise ProtocolError("decompressed_too_large", f"declares {declared} > {cap} (from the receive limits)")
     end = _frame_end(data, HEADER_SIZE, declared)
     if end != len(data):
         raise ProtocolError("trailing_data", f"{len(data) - end} bytes after the zstd frame")

@@ -30,8 +30,9 @@ from hivemind.utils.serializer import MSGPackSerializer
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import announce as A
 from swarm_node.swarm import records as R
-from swarm_node.swarm.dht import ensure_identity, kill_dht, start_dht
+from swarm_node.swarm.dht import RefusalTally, ensure_identity, kill_dht, start_dht, wait_dht_result
 from swarm_node.swarm.intake import Freshness, Intake, Offer
+from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.swarm.transfer import HANDLER, TransferError, download, make_handler, with_deadline
 
 POLL_S = 0.5
@@ -98,6 +99,8 @@ class SwarmNode:
         self.cfg = cfg
         self.info = info
         self.log = logger or logging.getLogger("swarm_node.swarm")
+        self._peer_log = RateLimitedLog(self.log)  # lines a peer can cause: rate-limited per reason
+        self._refusals = RefusalTally()  # records our DHT child refused (records.RecordGuard, bound_storage)
         self.peer_id = ""
         self._round = 0
         self._keep = min(max(8, cfg.staleness_rounds + 1), R.MAX_ANNOUNCED_ROUNDS)
@@ -585,7 +588,7 @@ class SwarmNode:
                     self._warned.clear()
                 self._warned.add(once)
             self._rejected[reason] = self._rejected.get(reason, 0) + 1
-        self.log.warning("rejected from peer %s: %s (%s)", peer_id, reason, detail)
+        self._peer_log.warning(reason, "rejected from peer %s: %s (%s)", peer_id, reason, detail)
 
     # ---- DHT + P2P plumbing ----
 
@@ -600,14 +603,16 @@ class SwarmNode:
 
     def _dht_call(self, method: str, *args, **kwargs):
         with self._dht_lock:
-            future = getattr(self._require_dht(), method)(*args, return_future=True, **kwargs)
-        return future.result(DHT_CALL_TIMEOUT_S)
+            dht = self._require_dht()
+            future = getattr(dht, method)(*args, return_future=True, **kwargs)
+        return wait_dht_result(dht, future, DHT_CALL_TIMEOUT_S)  # ends early if the child dies
 
     def _attach_p2p(self) -> None:
         async def attach():
             p2p = await self._dht.replicate_p2p()
             # late-bound lookup, so a test may swap what is served after start
-            await p2p.add_binary_stream_handler(HANDLER, make_handler(lambda k, r: self._lookup(k, r), self._count_out))
+            await p2p.add_binary_stream_handler(HANDLER, make_handler(lambda k, r: self._lookup(k, r), self._count_out,
+                                                                   self._reject, kinds=frozenset(R.KINDS)))
             await p2p.add_binary_stream_handler(A.HANDLER, A.make_handler(self._on_announcement))
             return p2p
 
@@ -639,6 +644,9 @@ class SwarmNode:
         every heartbeat up to VIEW_READ_PEERS peers and proportionally less often beyond: its bytes per
         second stay flat, and newcomers are learnt sooner anyway from their pushes.
         """
+        for reason, n in self._refusals.poll(self._dht_call).items():  # records our DHT child refused
+            with self._stat_lock:
+                self._rejected[reason] = self._rejected.get(reason, 0) + n
         self._store(R.members_key(self.cfg.swarm_id), self._member_record())
         self._announce("params")  # DPO neighbours poll it for the round they need
         # the batch DHT record is for `status` and tools only (peers learn of batches by push): refreshed

@@ -7,7 +7,12 @@ Splits:
   * "id"  - a, b in 0..99 with + or - (answers may be negative, e.g. "3-15=" -> "-12").
             About 10% of these problems are held out for evaluation, chosen by a hash of the problem,
             so every node holds out the same ones without coordination; training never sees them.
-  * "ood" - a, b in 100..999 with + or - (longer operands than anything trained on). Never trained on.
+  * "ood" - formats the warm-up and training never show, in equal turns:
+            "spaced"  "12 + 7 =": the id problems with spaces around the operator and "=";
+            "chained" "3+8-5=": three one-digit operands joined by + or -.
+            The presets start between 5% and 40% here (docs/tasks.md), so out-of-distribution gains can
+            be measured; never trained on (prompt_from_id refuses every ood id).
+  * "ood3"  - a, b in 100..999 (3-digit operands): every model scores ~0 here, kept for comparison.
 
 Prompt ids are self-describing ("arith:id:12+7"), so any node rebuilds the prompt and answer from the
 id alone. Ids of held-out problems are refused by `prompt_from_id`, so a peer's sample cannot leak an
@@ -29,7 +34,7 @@ OOD_RANGE = (100, 999)
 OPS = ("+", "-")
 EVAL_MODULUS = 10  # one "id" problem in EVAL_MODULUS is held out
 MAX_ID_LEN = 32  # ids come from the network: anything longer is junk
-_ID_RE = re.compile(r"arith:(id|ood):(0|[1-9][0-9]{0,2})([+-])(0|[1-9][0-9]{0,2})")  # canonical only
+_ID_RE = re.compile(r"arith:(id|ood|ood3):(0|[1-9][0-9]{0,2})([+-])(0|[1-9][0-9]{0,2})")  # canonical only
 
 
 def _hash_int(text: str) -> int:
@@ -60,7 +65,7 @@ class ArithmeticTask(Task):
     """a+b / a-b with a binary exact-match reward."""
 
     task_id = "arithmetic-v1"
-    splits = ("id", "ood")
+    splits = ("id", "ood", "ood3")
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed  # default stream for sft_examples when no rng is given
@@ -110,8 +115,35 @@ class ArithmeticTask(Task):
         held.sort(key=lambda p: _hash_int(f"order:{p[0]}{p[1]}{p[2]}"))
         return [_make("id", *p) for p in held]
 
+    def _ood_formats(self, n: int) -> list[Prompt]:
+        """Spaced and chained problems take turns; the i-th of each is a pure function of i."""
+        def spaced(h: int) -> tuple[str, int]:
+            a, b, op = h % 100, (h // 100) % 100, OPS[(h // 10_000) % 2]
+            return f"{a} {op} {b} =", _solve(a, op, b)
+
+        def chained(h: int) -> tuple[str, int]:
+            a, b, c = h % 10, (h // 10) % 10, (h // 100) % 10
+            op1, op2 = OPS[(h // 1000) % 2], OPS[(h // 2000) % 2]
+            return f"{a}{op1}{b}{op2}{c}=", _solve(_solve(a, op1, b), op2, c)
+
+        streams = []
+        for kind, make, want in (("s", spaced, (n + 1) // 2), ("c", chained, n // 2)):
+            got: dict[str, int] = {}
+            i = 0
+            while len(got) < want and i < 100 * max(want, 1):
+                text, ans = make(_hash_int(f"ood-{kind}:{i}"))
+                got.setdefault(text, ans)
+                i += 1
+            streams.append(list(got.items()))
+        out = []
+        for k in range(max(len(streams[0]), len(streams[1]))):
+            for s in streams:
+                if k < len(s) and len(out) < n:
+                    out.append(Prompt(id=f"arith:ood:{len(out)}", text=s[k][0], answer=str(s[k][1])))
+        return out
+
     def _ood_eval(self, n: int) -> list[Prompt]:
-        """The i-th OOD problem is a pure function of i, so every prefix is the same on every node."""
+        """The i-th 3-digit problem is a pure function of i, so every prefix is the same on every node."""
         lo, hi = OOD_RANGE
         span = hi - lo + 1
         out: list[Prompt] = []
@@ -120,7 +152,7 @@ class ArithmeticTask(Task):
         while len(out) < n and i < 100 * max(n, 1):
             h = _hash_int(f"ood:{i}")
             a, b, op = lo + h % span, lo + (h // span) % span, OPS[(h // span // span) % len(OPS)]
-            p = _make("ood", a, op, b)
+            p = _make("ood3", a, op, b)
             if p.id not in seen:
                 seen.add(p.id)
                 out.append(p)
@@ -132,6 +164,8 @@ class ArithmeticTask(Task):
         if split == "id":
             return self._id_eval[: max(n, 0)]
         if split == "ood":
+            return self._ood_formats(max(n, 0))
+        if split == "ood3":
             return self._ood_eval(max(n, 0))
         raise ValueError(f"unknown split {split!r}; expected one of {self.splits}")
 
@@ -154,7 +188,7 @@ class ArithmeticTask(Task):
         lo, hi = ID_RANGE if split == "id" else OOD_RANGE
         if not (lo <= a <= hi and lo <= b <= hi):
             return None
-        if split == "ood" or _is_held_out(a, op, b):
+        if split != "id" or _is_held_out(a, op, b):
             return None  # eval problems never enter training, even via a peer
         return _make(split, a, op, b)
 
@@ -166,5 +200,5 @@ class ArithmeticTask(Task):
             else None
         )
         if m is None:
-            return False
-        return m.group(1) == "ood" or _is_held_out(int(m.group(2)), m.group(3), int(m.group(4)))
+            return isinstance(prompt_id, str) and re.fullmatch(r"arith:ood:(0|[1-9][0-9]{0,5})", prompt_id) is not None
+        return m.group(1) != "id" or _is_held_out(int(m.group(2)), m.group(3), int(m.group(4)))

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from swarm_node.tasks.preferences import PreferencePair
+from swarm_node.training.params import trainable_parameters
 
 
 @dataclass
@@ -126,10 +127,6 @@ def reference_logps(
     return torch.cat(out_c), torch.cat(out_r)
 
 
-def trainable(model: Any) -> list[torch.nn.Parameter]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
 @dataclass
 class StepStats:
     loss: float
@@ -164,7 +161,7 @@ class DPOTrainer:
         self.rng = np.random.default_rng(seed)
         self.train = tokenize_pairs(tokenizer, train_pairs, max_length)
         self.ref_chosen, self.ref_rejected = reference_logps(model, self.train)
-        self.optimizer = torch.optim.AdamW(trainable(model), lr=lr, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=weight_decay)
 
     def step(self) -> tuple[float, float]:
         idx = self.rng.choice(len(self.train), size=min(self.batch_size, len(self.train)), replace=False)
@@ -177,13 +174,21 @@ class DPOTrainer:
         )
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable(self.model), self.grad_clip)
+        torch.nn.utils.clip_grad_norm_(trainable_parameters(self.model), self.grad_clip)
         self.optimizer.step()
         return float(loss.item()), float((margin > 0).float().mean().item())
 
     def local_steps(self, n: int) -> StepStats:
         out = [self.step() for _ in range(n)]
         return StepStats(float(np.mean([o[0] for o in out])), float(np.mean([o[1] for o in out])), n)
+
+    def state_dict(self) -> dict:
+        """Optimizer state and the batch sampler's RNG: with both restored, a resumed run is bit-identical."""
+        return {"optimizer": self.optimizer.state_dict(), "sampler_rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.rng.bit_generator.state = state["sampler_rng"]
 
 
 class HeldOut:

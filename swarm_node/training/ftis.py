@@ -8,13 +8,17 @@ for how the normalization differs from the paper's code.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 import torch
 from torch import Tensor
 
-VARIANTS = ("on_policy", "naive", "is", "tis", "filter", "ftis")
+from swarm_node.config import Variant
 
-# variant -> (weight kind, filter on). "ratio": exp(logp - logq) uncapped; "capped": min(ratio, C); "one": 1.
+VARIANTS: tuple[str, ...] = get_args(Variant)
+
+# variant -> (weight kind, filter on). "ratio": exp(logp - logq) uncapped; "capped": min(ratio, C); "one": 1;
+# "ppo": no separate weight, the PPO clipped surrogate with the generator as the old policy (the paper's VIS).
 _VARIANT_SPEC: dict[str, tuple[str, bool]] = {
     "on_policy": ("ratio", False),
     "naive": ("one", False),
@@ -22,6 +26,8 @@ _VARIANT_SPEC: dict[str, tuple[str, bool]] = {
     "tis": ("capped", False),
     "filter": ("one", True),
     "ftis": ("capped", True),
+    "vis": ("ppo", False),
+    "fvis": ("ppo", True),
 }
 
 
@@ -80,16 +86,6 @@ class LossDiagnostics:
     def mean_ratio(self) -> float:
         return self.token_mean(self.ratio_mean)
 
-    @property
-    def mean_truncated_frac(self) -> float:
-        return self.token_mean(self.truncated_frac)
-
-    @property
-    def mean_divergence(self) -> float:
-        """Sequence mean of k_i over non-empty sequences."""
-        valid = self.n_tokens > 0
-        return float(self.divergence[valid].mean()) if bool(valid.any()) else float("nan")
-
 
 def ftis_loss(
     logp: Tensor,
@@ -103,6 +99,7 @@ def ftis_loss(
     clip_eps: float = 0.2,
     old_logp: Tensor | None = None,
     normalizer: float | None = None,
+    filter_non_positive: bool = False,
 ) -> tuple[Tensor, LossDiagnostics]:
     """GRPO-family loss over a batch of completions; returns (scalar loss, diagnostics).
 
@@ -119,6 +116,14 @@ def ftis_loss(
     rho_t * min(r_t A_i, clip(r_t, 1-eps, 1+eps) A_i) with r_t = exp(logp_t - old_logp_t), and rho_t and
     the divergence are taken from ``old_logp`` (decoupled PPO: behaviour -> proximal weight, proximal ->
     current clipped ratio), so the weight and the kept set stay fixed over the steps on one batch.
+
+    ``vis`` / ``fvis`` (the paper's VIS baseline) use no separate weight: the per-token term is
+    min(r_t A_i, clip(r_t, 1-eps, 1+eps) A_i) with r_t = exp(logp_t - logq_t) carrying the gradient, i.e. the
+    generator is PPO's old policy, whatever ``old_logp`` says.
+
+    The filter drops sequences with A_i < 0 (the paper's text), or A_i <= 0 with ``filter_non_positive``
+    (the paper's code). Zero-advantage sequences carry no gradient, but a dropped one no longer counts in
+    the default normalizer.
     """
     if variant not in _VARIANT_SPEC:
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
@@ -140,12 +145,13 @@ def ftis_loss(
     truncated = (valid & (ratio64 > cap)).sum(dim=1).to(torch.float64) / denom
 
     nonempty = n_tok > 0
+    negative = adv <= 0 if filter_non_positive else adv < 0
     filtered = (
-        nonempty & (adv < 0) & (divergence > filter_threshold) if use_filter else torch.zeros_like(nonempty)
+        nonempty & negative & (divergence > filter_threshold) if use_filter else torch.zeros_like(nonempty)
     )
     kept = nonempty & ~filtered
 
-    if weight_kind == "one":
+    if weight_kind in ("one", "ppo"):
         rho = torch.ones_like(log_ratio)
     else:
         rho = log_ratio.exp()
@@ -154,15 +160,16 @@ def ftis_loss(
 
     lp = torch.where(valid, logp.to(torch.float32), torch.zeros_like(ref))
     a = adv[:, None]
-    if old_logp is None:
-        surrogate = lp * a
-        clipped = torch.zeros_like(valid)
-    else:
-        r = (lp - torch.where(valid, ref, torch.zeros_like(ref))).exp()
+    if weight_kind == "ppo" or old_logp is not None:
+        old = logq if weight_kind == "ppo" else ref
+        r = (lp - torch.where(valid, old, torch.zeros_like(old))).exp()
         unclipped = r * a
         clipped_term = r.clamp(1.0 - clip_eps, 1.0 + clip_eps) * a
         surrogate = torch.minimum(unclipped, clipped_term)
         clipped = valid & (clipped_term.detach() < unclipped.detach())
+    else:
+        surrogate = lp * a
+        clipped = torch.zeros_like(valid)
     per_tok = torch.where(valid, rho * surrogate, torch.zeros_like(surrogate))
     per_seq = per_tok.sum(dim=1) / denom.to(per_tok.dtype)
     per_seq = torch.where(kept, per_seq, torch.zeros_like(per_seq))

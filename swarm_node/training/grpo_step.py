@@ -18,7 +18,8 @@ from torch import Tensor, nn
 from swarm_node.config import TrainingConfig
 from swarm_node.training.ftis import LossDiagnostics, ftis_loss, group_advantages
 from swarm_node.training.groups import TrainGroup
-from swarm_node.training.optim import build_optimizer, set_lr, trainable_parameters
+from swarm_node.training.optim import build_optimizer, set_lr
+from swarm_node.training.params import trainable_parameters
 
 DEFAULT_LR = 1e-6  # paper's full-model lr; used only when neither cfg.lr nor a preset default is given
 
@@ -123,8 +124,12 @@ class GRPOTrainer:
         pad_token_id: int,
         device: torch.device | str | None = None,
         lr_default: float | None = None,
+        temperature: float = 1.0,
     ) -> None:
         self.model = model
+        # log pi_theta is taken at the sampling temperature (logits / T, as TRL and verl do), so that our own
+        # samples, whose behaviour log-probs were taken at T, are exactly on-policy: ratio 1 at any T.
+        self.temperature = float(temperature)
         self.cfg = cfg
         self.pad_token_id = int(pad_token_id)
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -192,6 +197,8 @@ class GRPOTrainer:
             input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False
         ).logits
         sel = logits[row, col].float()
+        if self.temperature != 1.0:
+            sel = sel / self.temperature
         targets = ids[row, col + 1]
         lp = sel.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(sel, dim=-1)
         logp = torch.zeros((b, cmax), dtype=torch.float32, device=dev).index_put((row, j), lp)
@@ -254,6 +261,7 @@ class GRPOTrainer:
                     clip_eps=cfg.clip_eps,
                     old_logp=old,
                     normalizer=1.0,
+                    filter_non_positive=cfg.filter_advantage == "non_positive",
                 )
                 if diag.n_kept > 0:
                     loss.backward()

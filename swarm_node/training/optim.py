@@ -10,11 +10,6 @@ from torch import nn
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
 
-def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """Parameters with requires_grad; with peft this is just the adapter, so frozen weights get no state."""
-    return [p for p in model.parameters() if p.requires_grad]
-
-
 def build_optimizer(
     params: Iterable[nn.Parameter], name: str, lr: float, weight_decay: float = 0.0
 ) -> torch.optim.Optimizer:

@@ -6,22 +6,11 @@ table; otherwise it prints a compact line at most every few seconds.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 
-
-def _tail_rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written right now
-            continue
-    return rows
+from swarm_node.node.metrics import read_metrics
+from swarm_node.node.progress import fmt
 
 
 def peer_status(rows: list[dict]) -> dict:
@@ -37,10 +26,6 @@ def peer_status(rows: list[dict]) -> dict:
         "filtered": sum(r.get("filtered") or 0 for r in rows),
         "rejected": sum(sum((r.get("rejected") or {}).values()) for r in rows),
     }
-
-
-def _f(v, spec=".3f") -> str:
-    return "-" if v is None else format(v, spec)
 
 
 class LiveTable:
@@ -68,7 +53,7 @@ class LiveTable:
             self._live.__exit__(*exc)
 
     def _statuses(self) -> list[tuple[str, dict, bool]]:
-        return [(p.name, peer_status(_tail_rows(p.metrics)), p.running()) for p in self.peers]
+        return [(p.name, peer_status(read_metrics(p.metrics, warn=False)), p.running()) for p in self.peers]
 
     def _table(self):
         from rich.table import Table
@@ -78,7 +63,7 @@ class LiveTable:
                     "rejected", "state"):
             t.add_column(col, justify="right" if col != "peer" else "left")
         for name, s, running in self._statuses():
-            t.add_row(name, f"{s['round']}/{self.total}", _f(s["reward"]), f"{_f(s['acc_start'])} -> {_f(s['acc'])}",
+            t.add_row(name, f"{s['round']}/{self.total}", fmt(s["reward"]), f"{fmt(s['acc_start'])} -> {fmt(s['acc'])}",
                       str(s["ext_in"]), str(s["out"]), str(s["filtered"]), str(s["rejected"]),
                       "running" if running else "done")
         return t
@@ -88,7 +73,7 @@ class LiveTable:
             self._live.update(self._table())
             return
         now = time.monotonic()
-        parts = [f"{n} r{s['round']}/{self.total} reward {_f(s['reward'], '.2f')} acc {_f(s['acc'], '.2f')} "
+        parts = [f"{n} r{s['round']}/{self.total} reward {fmt(s['reward'], '.2f')} acc {fmt(s['acc'], '.2f')} "
                  f"ext {s['ext_in']} filt {s['filtered']} rej {s['rejected']}" for n, s, _ in self._statuses()]
         line = "[demo] " + " | ".join(parts)
         if line != self._last_line and now - self._last_print >= self.min_interval_s:

@@ -9,10 +9,13 @@ second-largest eigenvalue modulus of W) is the per-round contraction of the cons
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import numpy as np
 
-GRAPHS = ("path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi")
+from swarm_node.config import Graph
+
+GRAPHS: tuple[str, ...] = get_args(Graph)
 
 
 def _empty(n: int) -> np.ndarray:

@@ -1,0 +1,94 @@
+"""False positives and detection of the behaviour log-prob audit (issue 11, hole 6), on real tiny models.
+
+A tiny-s judge recomputes the log-probs of batches sampled by tiny-s itself (same model), by tiny-m (an
+honest but different model: other size and architecture, same tokenizer), and by a tiny-m attacker that
+lowers its claimed log-probs by DELTA on positive-advantage completions (what buys the F-TIS cap's 2x),
+(or on every completion), and applies node.rollouts.LogprobAudit to each. Prints, per case: batches, rejected, the mean statistic
+(mean capped weight) and the mean threshold. Log-probs are put on the wire's 1/64 grid first.
+
+    python benchmarks/logprob_audit.py --rounds 30 [--prompts 8] [--seeds 1 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from swarm_node.config import NodeConfig
+from swarm_node.node.grpo_node import GRPONode
+from swarm_node.training.groups import TrainGroup
+
+
+def cfg_for(model: str, seed: int, prompts: int) -> NodeConfig:
+    return NodeConfig.model_validate({
+        "seed": seed, "model": {"path": model},
+        "task": {"name": "arithmetic", "prompts_per_round": prompts, "eval_n": 16},
+        "generation": {"num_generations": 8, "max_new_tokens": 8},
+    })
+
+
+def on_wire(groups: list[TrainGroup], delta: float = 0.0, everywhere: bool = False) -> list[TrainGroup]:
+    """Quantize claimed log-probs to 1/64; with delta > 0, lower them on positive-advantage completions
+    (or on every completion)."""
+    out = []
+    for g in groups:
+        r = np.asarray(g.rewards, np.float64)
+        lps = []
+        for lp, rew in zip(g.behaviour_logprobs, r, strict=True):
+            lp = np.asarray(lp, np.float64) - (delta if delta and (everywhere or rew > r.mean()) else 0.0)
+            lps.append((np.rint(lp * 64) / 64).astype(np.float32))
+        out.append(TrainGroup(prompt_ids=g.prompt_ids, completions=g.completions, behaviour_logprobs=lps,
+                              rewards=g.rewards, source="peer"))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1])
+    ap.add_argument("--deltas", type=float, nargs="+", default=[0.7, 3.0])
+    ap.add_argument("--quick", action="store_true", help="5 rounds, one seed")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    rounds = 5 if args.quick else args.rounds
+    cases: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds[:1] if args.quick else args.seeds:
+            judge = GRPONode(cfg_for("tiny-s", seed, args.prompts), Path(tmp) / f"judge{seed}")
+            other = GRPONode(cfg_for("tiny-m", seed + 100, args.prompts), Path(tmp) / f"other{seed}")
+            for r in range(1, rounds + 1):
+                sampled = {"tiny-s (same model)": judge.generate(r).train_groups(), "tiny-m (honest, other model)":
+                           other.generate(r + 10_000).train_groups()}
+                batches = {name: on_wire(g) for name, g in sampled.items()}
+                for d in args.deltas:
+                    honest = sampled["tiny-m (honest, other model)"]
+                    batches[f"attacker -{d}, positive adv."] = on_wire(honest, d)
+                    batches[f"attacker -{d}, every completion"] = on_wire(honest, d, everywhere=True)
+                for name, groups in batches.items():
+                    ok, stat, limit = judge.audit.judge(groups, judge.trainer.completion_logprobs(groups))
+                    c = cases.setdefault(name, {"batches": 0, "rejected": 0, "stats": [], "limits": []})
+                    c["batches"] += 1
+                    c["rejected"] += int(not ok)
+                    c["stats"].append(stat)
+                    c["limits"].append(limit)
+    print(f"{'case':<32} {'batches':>8} {'rejected':>9} {'mean stat':>10} {'max stat':>9} {'threshold':>10}")
+    summary = {}
+    for name, c in cases.items():
+        summary[name] = {"batches": c["batches"], "rejected": c["rejected"], "mean_stat": float(np.mean(c["stats"])),
+                         "max_stat": float(np.max(c["stats"])), "mean_threshold": float(np.mean(c["limits"]))}
+        s = summary[name]
+        print(f"{name:<32} {s['batches']:>8} {s['rejected']:>9} {s['mean_stat']:>10.3f} {s['max_stat']:>9.3f} "
+              f"{s['mean_threshold']:>10.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Greedy held-out evaluation: the accuracy the node logs, `swarm-node eval` prints and the preset factory
+measures during warm-up.
+
+Always the transformers backend, so a number means the same on every machine and backend: prompt text
+without special tokens, greedy decode, `task.is_correct` on the decoded completion. Tasks with several
+sub-datasets (reasoning-gym) also get an accuracy per dataset.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from swarm_node.generation.hf import TransformersGenerator, completion_text
+from swarm_node.generation.stops import stop_token_ids
+from swarm_node.tasks.base import Prompt, Task
+
+
+def score_prompts(
+    model: Any,
+    tokenizer: Any,
+    task: Task,
+    prompts: list[Prompt],
+    max_new_tokens: int,
+    batch_size: int = 256,
+    encode: Callable[[str], list[int]] | None = None,
+) -> tuple[list[bool], list[float]]:
+    """(correct, reward) of the greedy completion of each prompt.
+
+    `encode` turns prompt text into ids as the node does (chat template, length cap); default: plain text.
+    The model stops at any of its stop ids (generation_config's EOS ids, or the tokenizer's).
+    """
+    if not prompts:
+        return [], []
+    gen = TransformersGenerator(
+        model, eos_token_id=stop_token_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id,
+        batch_size=batch_size,
+    )
+    ids = [encode(p.text) if encode else tokenizer(p.text, add_special_tokens=False)["input_ids"] for p in prompts]
+    out = gen.generate(ids, 1, max_new_tokens=max_new_tokens, greedy=True)
+    hits: list[bool] = []
+    rewards: list[float] = []
+    for prompt, samples in zip(prompts, out, strict=True):
+        text = completion_text(tokenizer, samples[0])
+        hits.append(bool(task.is_correct(prompt, text)))
+        rewards.append(float(task.reward(prompt, text)))
+    return hits, rewards
+
+
+def greedy_accuracy(model: Any, tokenizer: Any, task: Task, prompts: list[Prompt], max_new_tokens: int = 8,
+                    batch_size: int = 256) -> float:
+    """Greedy exact-match accuracy on a list of prompts (0.0 for none)."""
+    hits, _ = score_prompts(model, tokenizer, task, prompts, max_new_tokens, batch_size)
+    return float(np.mean(hits)) if hits else 0.0
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    task: Task,
+    split: str,
+    n: int,
+    max_new_tokens: int,
+    batch_size: int = 256,
+    encode: Callable[[str], list[int]] | None = None,
+) -> dict:
+    """Greedy exact-match accuracy on the first n prompts of `split`, with mean reward and timing.
+
+    When the task names a dataset per prompt (`task.dataset_of`), `by_dataset` holds each one's accuracy.
+    """
+    t0 = time.perf_counter()
+    prompts = task.eval_prompts(split, n)
+    hits, rewards = score_prompts(model, tokenizer, task, prompts, max_new_tokens, batch_size, encode)
+    result = {
+        "accuracy": float(np.mean(hits)) if hits else 0.0,
+        "n": len(prompts),
+        "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+        "split": split,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    dataset_of = getattr(task, "dataset_of", None)
+    if dataset_of is not None and prompts:
+        groups: dict[str, list[bool]] = {}
+        for p, h in zip(prompts, hits, strict=True):
+            groups.setdefault(dataset_of(p), []).append(h)
+        result["by_dataset"] = {k: {"accuracy": float(np.mean(v)), "n": len(v)} for k, v in sorted(groups.items())}
+    return result

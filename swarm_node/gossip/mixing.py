@@ -1,0 +1,168 @@
+"""Gossip and federated averaging math: x_i <- sum_j W_ij x_j over the payloads that arrived.
+
+The same functions serve the in-process simulation (tests) and the networked node, so what the tests
+measure is what runs. Neighbours that sent nothing or sent a bad payload are missing, and our row of the
+Metropolis-Hastings matrix is rebuilt on the live subgraph.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from swarm_node.gossip.payload import PayloadError, decode_params
+from swarm_node.gossip.topology import mixing_matrix_from_adjacency
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RejectCounter:
+    """Counts (and logs) dropped payloads by reason, for metrics."""
+
+    counts: Counter = field(default_factory=Counter)
+
+    def drop(self, peer: str, err: PayloadError) -> None:
+        self.counts[err.reason] += 1
+        log.warning("dropped parameters from %s: %s", peer, err)
+
+
+def live_mixing_row(
+    adjacency: np.ndarray, ids: Sequence[str], self_id: str, missing: Iterable[str] = ()
+) -> dict[str, float]:
+    """Our row of the Metropolis-Hastings matrix of the live subgraph (the graph minus `missing` peers).
+
+    When every node removes the same vertices (a peer that is gone for everyone: each of its neighbours
+    misses it, and the others see its stale membership record), the rows form the MH matrix of the live
+    subgraph: still symmetric and doubly stochastic, so the average is preserved. Until a node's view
+    catches up, its row belongs to a nearby matrix; the next membership refresh rebuilds the graph.
+    """
+    idx = {p: i for i, p in enumerate(ids)}
+    me = idx[self_id]
+    live = np.asarray(adjacency, dtype=bool).copy()
+    for p in set(missing) - {self_id}:
+        if p in idx:
+            live[idx[p], :] = live[:, idx[p]] = False
+    w = mixing_matrix_from_adjacency(live)
+    return {ids[j]: float(w[me, j]) for j in range(len(ids)) if w[me, j] > 0.0}
+
+
+def combine(weights: dict[str, float], params: dict[str, Sequence[torch.Tensor]]) -> list[torch.Tensor]:
+    """x <- sum_j w_j x_j, summed in sorted peer-id order so equal inputs give bit-identical results."""
+    order = sorted(weights)
+    total = sum(weights[p] for p in order)
+    out = [torch.zeros_like(t) for t in params[order[0]]]
+    for p in order:
+        w = weights[p] / total
+        for o, t in zip(out, params[p], strict=True):
+            o.add_(t, alpha=w)
+    return out
+
+
+def consensus_distance(own: Sequence[torch.Tensor], others: Sequence[Sequence[torch.Tensor]]) -> float:
+    """||x_i - mean_j x_j|| over the neighbours received (0.0 when none arrived)."""
+    if not others:
+        return 0.0
+    sq = 0.0
+    for k, t in enumerate(own):
+        mean = torch.stack([o[k] for o in others]).mean(dim=0)
+        sq += float(((t - mean) ** 2).sum())
+    return sq ** 0.5
+
+
+@dataclass
+class GossipResult:
+    params: list[torch.Tensor]
+    weights: dict[str, float]
+    present: list[str]
+    missing: list[str]
+    consensus_distance: float
+
+
+
+def _decode_received(
+    peers: Sequence[str],
+    received: dict[str, bytes | None],
+    shapes: Sequence[torch.Size | tuple[int, ...]],
+    arch_fp: str,
+    compression: str,
+    rejects: RejectCounter | None,
+    max_bytes: int | None,
+) -> dict[str, list[torch.Tensor]]:
+    """Decode the payloads that arrived from `peers`; a bad one is dropped with a counted reason."""
+    out: dict[str, list[torch.Tensor]] = {}
+    for peer in peers:
+        blob = received.get(peer)
+        if blob is None:
+            continue
+        try:
+            out[peer] = decode_params(blob, shapes, arch_fp, compression, max_bytes)
+        except PayloadError as err:
+            (rejects or RejectCounter()).drop(peer, err)
+    return out
+
+def gossip_step(
+    self_id: str,
+    own_payload: bytes,
+    received: dict[str, bytes | None],
+    ids: Sequence[str],
+    adjacency: np.ndarray,
+    shapes: Sequence[torch.Size | tuple[int, ...]],
+    arch_fp: str,
+    compression: str = "float16",
+    rejects: RejectCounter | None = None,
+    max_bytes: int | None = None,
+    known_missing: Iterable[str] = (),
+) -> GossipResult:
+    """One gossip average for node `self_id`, from the bytes it published and the bytes it received.
+
+    Our own contribution is decoded from the same bytes we sent, so every node averages identical numbers
+    (federated mode ends bit-identical). Neighbours that sent nothing, or a payload that fails validation,
+    count as missing and the row is re-weighted on the live subgraph (minus `known_missing` too: peers
+    the membership shows gone, so that rows of nodes that are not its neighbours agree).
+    """
+    own = decode_params(own_payload, shapes, arch_fp, compression)
+    idx = {p: i for i, p in enumerate(ids)}
+    nbrs = [ids[j] for j in np.flatnonzero(np.asarray(adjacency)[idx[self_id]])]
+    params = {self_id: own, **_decode_received(nbrs, received, shapes, arch_fp, compression, rejects, max_bytes)}
+    present = [p for p in nbrs if p in params]
+    missing = [p for p in nbrs if p not in params]
+    weights = live_mixing_row(adjacency, ids, self_id, set(missing) | set(known_missing))
+    dist = consensus_distance(own, [params[p] for p in present])
+    return GossipResult(combine(weights, params), weights, present, missing, dist)
+
+
+def federated_step(
+    self_id: str,
+    own_payload: bytes,
+    received: dict[str, bytes | None],
+    participants: Sequence[str],
+    shapes: Sequence[torch.Size | tuple[int, ...]],
+    arch_fp: str,
+    compression: str = "float16",
+    rejects: RejectCounter | None = None,
+    max_bytes: int | None = None,
+) -> GossipResult:
+    """Exact (uniform) average of the participants' published parameters, self included if sampled.
+
+    Every node decodes the same bytes and sums them in the same order, so all nodes that received every
+    participant end the round with bit-identical parameters. A node outside the sample adopts the
+    average; if no participant arrived it keeps its own parameters.
+    """
+    own = decode_params(own_payload, shapes, arch_fp, compression)
+    others = [p for p in participants if p != self_id]
+    decoded = {**_decode_received(others, received, shapes, arch_fp, compression, rejects, max_bytes), self_id: own}
+    # `combine` sums in sorted peer-id order, so every node that decoded the same payloads ends bit-identical
+    params = {p: decoded[p] for p in participants if p in decoded}
+    present = [p for p in others if p in params]
+    missing = [p for p in others if p not in params]
+    if not params:
+        return GossipResult(own, {self_id: 1.0}, [], missing, 0.0)
+    weights = {p: 1.0 / len(params) for p in params}
+    dist = consensus_distance(own, [params[p] for p in present])
+    return GossipResult(combine(weights, params), weights, present, missing, dist)

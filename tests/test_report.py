@@ -1,0 +1,95 @@
+"""`swarm-node report DIR` on a node's state dir and on a demo dir; the reward plot's rolling mean and band."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from swarm_node.cli import main
+from swarm_node.node.metrics import MetricsWriter
+from swarm_node.runs.report import load_run, rolling
+
+
+def grpo_rows(n: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = [{"round": 0, "reward_mean": None, "eval_accuracy": 0.2, "local_groups": 0, "external_groups": 0,
+             "filtered": 0}]
+    for r in range(1, n + 1):
+        rows.append({"round": r, "reward_mean": float(rng.uniform(0, 1)), "loss": 0.1, "local_groups": 4,
+                     "external_groups": 2, "filtered": 1, "bytes_out": 1000, "bytes_in": 2000,
+                     "rejected": {"stale": 1} if r == 3 else {},
+                     "eval_accuracy": 0.2 + 0.01 * r if r % 5 == 0 else None})
+    return rows
+
+
+def write_rows(state_dir: Path, rows: list[dict]) -> None:
+    w = MetricsWriter(state_dir)
+    for row in rows:
+        w.write(row)
+
+
+def test_report_on_a_single_node_state_dir(tmp_path, capsys):
+    state = tmp_path / "me"
+    write_rows(state, grpo_rows(12))
+    (state / "ckpt-00000010").mkdir()  # what else a state dir holds does not matter
+    assert main(["report", str(state)]) == 0
+    for name in ("report.md", "report.json", "reward.png", "accuracy.png"):
+        assert (state / name).is_file() and (state / name).stat().st_size > 0, name
+    report = json.loads((state / "report.json").read_text())
+    s = report["arms"]["node"]["me"]
+    assert s["rounds"] == 12 and s["start_accuracy"] == 0.2 and s["end_accuracy"] == pytest.approx(0.3)
+    assert s["external_groups"] == 24 and s["rejected"] == {"stale": 1} and s["bytes_out"] == 12000
+    assert "| me | node | 12 |" in capsys.readouterr().out
+
+
+def test_report_on_a_dpo_state_dir(tmp_path):
+    rows = [{"round": r, "dpo_loss": 0.7 - 0.01 * r, "train_pref_acc": 0.5 + 0.02 * r, "bytes_sent": 10,
+             "bytes_received": 20, "heldout_pref_acc": 0.5 + 0.03 * r if r % 2 == 0 else None} for r in range(6)]
+    write_rows(tmp_path / "dpo", rows)
+    assert main(["report", str(tmp_path / "dpo")]) == 0
+    s = json.loads((tmp_path / "dpo" / "report.json").read_text())["arms"]["node"]["dpo"]
+    assert s["start_accuracy"] == 0.5 and s["end_accuracy"] == pytest.approx(0.62) and s["bytes_in"] == 120
+
+
+def test_report_on_a_demo_dir_as_before(tmp_path):
+    for arm in ("swarm", "alone"):
+        for i, peer in enumerate(("tiny-s", "tiny-m")):
+            write_rows(tmp_path / arm / peer, grpo_rows(10, seed=i))
+    assert main(["report", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert set(report["arms"]) == {"swarm", "alone"} and set(report["arms"]["swarm"]) == {"tiny-s", "tiny-m"}
+    assert (tmp_path / "reward.png").is_file() and (tmp_path / "accuracy.png").is_file()
+    assert set(load_run(tmp_path)) == {"swarm", "alone"}
+
+
+def test_report_on_a_dir_without_metrics_says_what_it_expects(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no metrics.jsonl with rows in" in err and "(a node's --state-dir)" in err and "swarm-node demo --out" in err
+
+
+def test_rolling_mean_and_band():
+    mean, std = rolling([0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0], k=4)
+    assert mean.tolist() == pytest.approx([0.0, 0.5, 1 / 3, 0.5, 0.5, 0.5, 0.75])
+    assert std[0] == 0 and std[3] == pytest.approx(0.5) and std[-1] == pytest.approx(np.std([0, 1, 1, 1]))
+    assert len(mean) == len(std) == 7  # one value per round: plotted on the same rounds as the raw rewards
+
+
+@pytest.mark.slow
+def test_report_on_a_real_run_state_dir(presets_dir, tmp_path):
+    """`swarm-node run` then `swarm-node report` on its state dir, as a user of a single node would."""
+    state = tmp_path / "runs" / "me"
+    run = subprocess.run([sys.executable, "-m", "swarm_node.cli", "run", "--state-dir", str(state), "--set", "rounds=3",
+                          "--set", "task.eval_n=8", "--set", "metrics.eval_every=2", "--log-level", "warning"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rep = subprocess.run([sys.executable, "-m", "swarm_node.cli", "report", str(state)], capture_output=True,
+                         text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    assert (state / "reward.png").is_file() and (state / "accuracy.png").is_file()
+    assert json.loads((state / "report.json").read_text())["arms"]["node"]["me"]["rounds"] == 3

@@ -1,0 +1,38 @@
+"""The benchmarks' statistics: paired standard errors and the 'cannot tell' verdict."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from swarm_node.runs.stats import combined_se, mean_std, paired_se, verdict
+
+
+def test_mean_std_skips_missing_and_uses_the_sample_std():
+    assert mean_std([1.0, None, 3.0]) == (2.0, pytest.approx(math.sqrt(2.0)))
+    assert mean_std([0.5]) == (0.5, 0.0)
+    assert all(math.isnan(x) for x in mean_std([None]))
+
+
+def test_paired_se_is_smaller_than_unpaired_for_correlated_models():
+    """Two models that solve mostly the same problems: pairing removes the shared problem difficulty."""
+    rng = np.random.default_rng(0)
+    easy = rng.random(400) < 0.4
+    a = easy | (rng.random(400) < 0.05)
+    b = easy | (rng.random(400) < 0.02)
+    unpaired = math.sqrt(a.var(ddof=1) / 400 + b.var(ddof=1) / 400)
+    assert paired_se(a, b) < 0.5 * unpaired
+    with pytest.raises(ValueError):
+        paired_se(a, b[:-1])
+
+
+def test_verdict_needs_two_standard_errors():
+    assert verdict(0.05, 0.02) == "higher" and verdict(-0.05, 0.02) == "lower"
+    assert verdict(0.03, 0.02) == "cannot tell" and verdict(0.1, float("nan")) == "cannot tell"
+
+
+def test_one_seed_still_gets_the_within_seed_error():
+    assert combined_se([0.02], [0.05]) == pytest.approx(0.02)
+    assert combined_se([0.01, 0.01], [0.0, 0.2]) == pytest.approx(0.1)  # seeds disagree: their spread wins
