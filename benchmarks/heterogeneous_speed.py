@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 
 import torch
-from swarm_node.node.local_swarm import Peer, start_bootstrap, stop_processes, write_peer_config
 
 from swarm_node.config import load_config
 from swarm_node.node.grpo_node import GRPONode
 from swarm_node.node.metrics import read_metrics
+from swarm_node.runs.local_swarm import Peer, start_bootstrap, stop_processes, write_peer_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "peers"

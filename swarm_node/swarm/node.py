@@ -687,7 +687,8 @@ class SwarmNode:
                 del self._view[pid]
                 self._greeted.discard(pid)
         for pid, m in members.items():
-            self.intake.note_member(pid, m.round)
+            if pid != self.peer_id:
+                self.intake.note_member(pid, m.round)
         self.intake.forget(gone)
         ann = self._latest_ann
         if ann is None or self._loop is None or self._closed:
