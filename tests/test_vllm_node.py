@@ -74,7 +74,9 @@ def test_solo_node_runs_rounds_with_the_vllm_backend(node_model, tmp_path):
     assert "vLLM engine ready" in out, out[-4000:]
     rows = read_metrics(state / "metrics.jsonl")
     assert [r["round"] for r in rows] == list(range(rounds + 1))
-    assert all(r["stepped"] and r["local_groups"] > 0 for r in rows[1:]), rows
+    # a warm model skips all-equal-reward groups, so a round may have nothing to step on; the random one trains all
+    stepped = [r["stepped"] and r["local_groups"] > 0 for r in rows[1:]]
+    assert (any(stepped) if node_model[1] else all(stepped)), rows
     for r in rows[1:]:
         assert 0.0 <= r["reward_mean"] <= 1.0 and r["tokens_per_s"] > 0
     if node_model[1]:
