@@ -116,8 +116,11 @@ def test_vllm_peer_and_transformers_peer_train_on_each_others_batches(node_model
             got = sum(r["external_groups_by_peer"].get(key, 0) for r in rows)
             assert got > 0, (me.name, key, [r["external_groups_by_peer"] for r in rows][-8:], logs)
             assert sum(r["external_groups"] for r in rows) > 0, me.name  # trained on, not only received
-            bad = [k for r in rows for k in r["rejected"] if not k.startswith("swarm:")]
-            assert not bad, (me.name, bad)  # the two backends' batches are valid for each other
+            # the two backends' batches are valid for each other (duplicate_completion and the like are the
+            # receiver's per-group rules about what a sampler happened to draw, not an incompatibility)
+            bad = [k for r in rows for k in r["rejected"]
+                   if k.startswith("protocol:") or k in ("prompt_mismatch", "tokenizer_mismatch", "vocab_mismatch")]
+            assert not bad, (me.name, bad)
     finally:
         for p in peers:
             if p.running():
