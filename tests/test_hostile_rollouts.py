@@ -91,3 +91,16 @@ def test_logprob_audit_passes_honest_models_and_refuses_fabrication() -> None:
     assert all(ok for ok, _s, _l in honest + same)
     assert max(s for _ok, s, _l in honest) < 1.0 < min(s for _ok, s, _l in faked)
     assert not any(ok for ok, _s, _l in faked)
+
+
+def test_repeats_within_an_honest_group_are_kept() -> None:
+    """A sampler that drew the same short answer 3 times out of 4: the group keeps all 4 (its advantages
+    depend on the multiplicity); a later replay of that group is still dropped."""
+    w = ReplayWindow(window=4)
+    g = groups(4, n=1)[0]
+    g.completions[1], g.behaviour_logprobs[1] = g.completions[0].copy(), g.behaviour_logprobs[0].copy()
+    g.completions[2], g.behaviour_logprobs[2] = g.completions[0].copy(), g.behaviour_logprobs[0].copy()
+    kept, rej = w.admit(3, [g])
+    assert not rej and len(kept[0].completions) == 4
+    kept, rej = w.admit(3, reencoded([g], "sybil"))
+    assert kept == [] and rej["replayed_group"] == 1

@@ -180,7 +180,9 @@ class ReplayWindow:
 
     A completion already seen (another peer's copy, a replay of an earlier round, or our own samples
     sent back to us) is dropped and counted (`duplicate_completion`); a group left with fewer than two
-    completions is dropped (`replayed_group`). Memory: at most `max_keys` 16-byte keys.
+    completions is dropped (`replayed_group`). Repeats *within* one group are kept: a sampler that draws
+    the same answer several times (common on short answers) reports how likely it is, and dropping the
+    copies would bias the group's advantages. Memory: at most `max_keys` 16-byte keys.
     """
 
     def __init__(self, window: int, max_keys: int = 1_000_000) -> None:
@@ -213,7 +215,7 @@ class ReplayWindow:
             keep, fresh = [], []
             for i, (c, b) in enumerate(zip(g.completions, g.behaviour_logprobs, strict=True)):
                 k = completion_key(g.prompt_ids, c, b)
-                if self._seen(k) or k in fresh:
+                if self._seen(k):
                     rejected["duplicate_completion"] += 1
                     continue
                 keep.append(i)
