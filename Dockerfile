@@ -78,12 +78,20 @@ RUN set -eux; \
     python -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
 # The project's dependencies (read from pyproject.toml), in a layer that changes only with pyproject.toml.
+# Some come as sdists with C code (reasoning-gym pulls pycosat): a compiler and the Python headers are
+# installed for this step only and removed again, so the image does not carry them.
 COPY pyproject.toml /tmp/pyproject.toml
 RUN set -eux; \
     python -c 'import tomllib; print("\n".join(tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]["dependencies"]))' \
         > /tmp/requirements.txt; \
+    build_deps="gcc libc6-dev"; \
+    if [ ! -f "$(python -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ]; then \
+        build_deps="$build_deps python3-dev"; fi; \
+    apt-get update; \
+    apt-get install -y --no-install-recommends $build_deps; \
     pip install -r /tmp/requirements.txt; \
-    rm /tmp/requirements.txt /tmp/pyproject.toml
+    apt-get purge -y --auto-remove $build_deps; \
+    rm -rf /var/lib/apt/lists/* /tmp/requirements.txt /tmp/pyproject.toml
 
 # The project itself (peers/ stays at /app/peers: compose.yaml points the nodes at those configs).
 WORKDIR /app
