@@ -20,6 +20,7 @@ def _weights(path) -> dict[str, torch.Tensor]:
     return load_file(str(path / "model.safetensors"))
 
 
+@pytest.mark.slow  # builds a preset (a short warm-up, still 5-30 s)
 def test_same_seed_gives_identical_weights(tmp_path):
     a = build_tiny("tiny-s", tmp_path / "a", seed=3, max_steps=12)
     b = build_tiny("tiny-s", tmp_path / "b", seed=3, max_steps=12)
@@ -32,6 +33,7 @@ def test_same_seed_gives_identical_weights(tmp_path):
     assert any(not torch.equal(wa[k], wc[k]) for k in wa), "another seed should give other weights"
 
 
+@pytest.mark.slow  # builds a preset (a short warm-up, still 5-30 s)
 def test_build_uses_fixed_threads_and_restores_them(tmp_path, monkeypatch):
     """The build runs on BUILD_THREADS torch threads whatever the caller set, and gives the caller's back."""
     import swarm_node.models.factory as factory
@@ -50,6 +52,7 @@ def test_build_uses_fixed_threads_and_restores_them(tmp_path, monkeypatch):
     assert seen == [BUILD_THREADS] and meta["build_threads"] == BUILD_THREADS
 
 
+@pytest.mark.slow  # builds a preset (a short warm-up, still 5-30 s)
 def test_same_seed_same_bytes_whatever_the_callers_threads(tmp_path):
     """Reproducible presets: equal weights files (sha256 recorded in the meta) for 1 and 2 caller threads."""
     import hashlib
@@ -73,6 +76,7 @@ def test_presets_have_vllm_cpu_head_dims():
         assert p.heads % p.kv_heads == 0
 
 
+@pytest.mark.slow  # builds a preset (a short warm-up, still 5-30 s)
 def test_stale_cached_preset_is_rebuilt(tmp_path, monkeypatch):
     import swarm_node.models.factory as factory
 
@@ -166,6 +170,7 @@ def test_unreachable_hub_id_says_how_to_pass_local_path(monkeypatch):
     assert "local directory" in msg and "model.path" in msg
 
 
+@pytest.mark.slow  # builds a preset (a short warm-up, still 5-30 s)
 def test_make_model_command(tmp_path, monkeypatch, capsys):
     import swarm_node.models.factory as factory
     from swarm_node.cli import main
