@@ -11,6 +11,7 @@ and `swarm-node eval` can rebuild the trained model from the state dir alone.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from safetensors.torch import load_file, save_file
 
 from swarm_node.errors import UserFacingError
 from swarm_node.training.params import trainable_named
+
+log = logging.getLogger(__name__)
 
 PREFIX = "ckpt-"
 WEIGHTS_FILE = "model.safetensors"
@@ -122,6 +125,25 @@ def load_checkpoint(ckpt: Checkpoint, model: Any, config_fp: str) -> tuple[dict,
     torch.set_rng_state(rng["torch_rng"])
     return opt_state, ckpt.meta
 
+
+
+def restore_newest(state_dir: Path, model: Any, trainer: Any, config_fp: str) -> Checkpoint | None:
+    """Restore the newest readable checkpoint into `model` and `trainer` (its `load_state_dict`), after
+    removing crash leftovers. An unreadable checkpoint (a file cut short by a crash or power loss) falls
+    back to the one before; a checkpoint of another configuration is refused. None: nothing to resume.
+    """
+    remove_partial(state_dir)
+    for ck in reversed(list_checkpoints(state_dir)):
+        try:
+            state, _meta = load_checkpoint(ck, model, config_fp)
+            trainer.load_state_dict(state)
+        except UserFacingError:
+            raise
+        except Exception as exc:
+            log.warning("checkpoint %s is unreadable (%s); trying the one before", ck.path, exc)
+            continue
+        return ck
+    return None
 
 def load_weights(ckpt_path: Path) -> dict[str, torch.Tensor]:
     """The trainable tensors of a checkpoint directory (safetensors, or a legacy `model.pt`)."""

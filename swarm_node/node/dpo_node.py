@@ -20,13 +20,12 @@ from pathlib import Path
 import torch
 
 from swarm_node.config import NodeConfig
-from swarm_node.errors import UserFacingError
 from swarm_node.gossip import mixing, topology
 from swarm_node.gossip.allreduce import AllReduce
 from swarm_node.gossip.exchange import GossipExchange, plan_round
 from swarm_node.gossip.payload import encode_params
 from swarm_node.gossip.vectors import arch_fingerprint, get_params, params_digest, params_probe, set_params
-from swarm_node.node.checkpoint import list_checkpoints, load_checkpoint, remove_partial, save_checkpoint
+from swarm_node.node.checkpoint import restore_newest, save_checkpoint
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress, dpo_round_line
@@ -84,22 +83,14 @@ class DPONode:
 
     def resume(self) -> None:
         """Continue after the newest readable checkpoint (an unreadable one falls back to the one before)."""
-        remove_partial(self.state_dir)
-        for ck in reversed(list_checkpoints(self.state_dir)):
-            try:
-                state, meta = load_checkpoint(ck, self.model, self.cfg.fingerprint())
-                self.trainer.load_state_dict(state)
-            except UserFacingError:
-                raise
-            except Exception as exc:  # truncated file after a crash or power loss
-                log.warning("checkpoint %s is unreadable (%s); trying the one before", ck.path, exc)
-                continue
-            self.saved_round = int(meta["round"])
-            self.round = self.saved_round + 1
-            self.metrics.truncate_after(self.saved_round)
-            log.info("resumed from %s: continuing at round %d", ck.path, self.round)
+        ck = restore_newest(self.state_dir, self.model, self.trainer, self.cfg.fingerprint())
+        if ck is None:
+            self.metrics.truncate_after(-1)  # nothing to resume: rows of an unsaved earlier run are void
             return
-        self.metrics.truncate_after(-1)  # nothing to resume: rows of an unsaved earlier run are void
+        self.saved_round = ck.round
+        self.round = self.saved_round + 1
+        self.metrics.truncate_after(self.saved_round)
+        log.info("resumed from %s: continuing at round %d", ck.path, self.round)
 
     def checkpoint(self) -> None:
         done = self.round - 1

@@ -17,18 +17,11 @@ import numpy as np
 import torch
 
 from swarm_node.config import NodeConfig
-from swarm_node.errors import UserFacingError
 from swarm_node.evaluation import evaluate
 from swarm_node.generation import make_generator
 from swarm_node.generation.prompts import PromptEncoder
 from swarm_node.models.loading import LoadedModel, enable_gradient_checkpointing, load_model
-from swarm_node.node.checkpoint import (
-    list_checkpoints,
-    load_checkpoint,
-    model_record,
-    remove_partial,
-    save_checkpoint,
-)
+from swarm_node.node.checkpoint import model_record, restore_newest, save_checkpoint
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress
@@ -108,23 +101,14 @@ class GRPONode:
 
     def resume(self) -> None:
         """Continue from the newest readable checkpoint (an unreadable one falls back to the one before)."""
-        remove_partial(self.state_dir)
-        for ck in reversed(list_checkpoints(self.state_dir)):
-            try:
-                opt_state, meta = load_checkpoint(ck, self.loaded.model, self.cfg.fingerprint())
-                self.trainer.load_state_dict(opt_state)
-            except UserFacingError:
-                raise
-            except Exception as exc:  # truncated file after a crash or power loss
-                log.warning("checkpoint %s is unreadable (%s); trying the one before", ck.path, exc)
-                continue
-            self.round = int(meta["round"])
-            self.saved_round = self.round
-            self.metrics.truncate_after(self.round)
-            self.generator.sync_weights(self.loaded.model)  # built before the weights were restored
-            log.info("resumed from %s: continuing at round %d", ck.path, self.round + 1)
+        ck = restore_newest(self.state_dir, self.loaded.model, self.trainer, self.cfg.fingerprint())
+        if ck is None:
+            self.metrics.truncate_after(-1)  # nothing to resume: rows of an unsaved earlier run are void
             return
-        self.metrics.truncate_after(-1)  # nothing to resume: rows of an unsaved earlier run are void
+        self.round = self.saved_round = ck.round
+        self.metrics.truncate_after(self.round)
+        self.generator.sync_weights(self.loaded.model)  # built before the weights were restored
+        log.info("resumed from %s: continuing at round %d", ck.path, self.round + 1)
 
     def checkpoint(self) -> None:
         if self.saved_round == self.round:  # nothing new since the last save
