@@ -190,7 +190,7 @@ def test_make_model_command(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_preset_hash_reaches_metrics_and_report(presets_dir, tmp_path):
-    from swarm_node.node.report import write_report
+    from swarm_node.runs.report import write_report
 
     from swarm_node.config import NodeConfig
     from swarm_node.node.grpo_node import run_grpo_node
