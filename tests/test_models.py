@@ -190,11 +190,10 @@ def test_make_model_command(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.slow
 def test_preset_hash_reaches_metrics_and_report(presets_dir, tmp_path):
-    from swarm_node.runs.report import write_report
-
     from swarm_node.config import NodeConfig
     from swarm_node.node.grpo_node import run_grpo_node
     from swarm_node.node.metrics import read_metrics
+    from swarm_node.runs.report import write_report
 
     meta = json.loads((presets_dir / "tiny-s" / PRESET_META_FILE).read_text())
     cfg = NodeConfig.model_validate({"rounds": 1, "model": {"path": "tiny-s"},
