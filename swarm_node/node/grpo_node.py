@@ -29,13 +29,16 @@ from swarm_node.node.rollouts import (
     Expectations,
     LocalRollouts,
     LogprobAudit,
+    NewcomerGate,
     ReplayWindow,
+    SkewAudit,
     admit_batch,
     cap_share,
     score,
 )
 from swarm_node.node.stopping import StopFlag
 from swarm_node.protocol import DecodeLimits, ProtocolError, decode_batch, encode_batch
+from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.tasks import get_task
 from swarm_node.tasks.base import Task
 from swarm_node.training.groups import TrainGroup
@@ -94,6 +97,10 @@ class GRPONode:
         )
         self.replay = ReplayWindow(window=cfg.swarm.staleness_rounds + 2)  # hole 5: a completion counts once
         self.audit = LogprobAudit(cap=cfg.training.cap)  # hole 6: claimed log-probs against our recompute
+        self.skew = SkewAudit()  # hole 6, targeted: lowered only on positive-advantage completions, per peer
+        # Sybils: identities not yet established take at most half of the K slots a round
+        self.newcomers = NewcomerGate(max_new=max(1, cfg.swarm.max_peers_per_round // 2))
+        self.peer_log = RateLimitedLog(log, burst=5, period_s=60.0)  # lines a peer can cause
         # groups from an in-process source instead of the swarm (off-policy experiments, benchmarks)
         self.external_source: Callable[[int], list[TrainGroup]] | None = None
 
@@ -187,19 +194,23 @@ class GRPONode:
         intake = self.swarm.receive(sw.max_peers_per_round, accept=self._accepts_peer,
                                     lockstep=sw.exchange == "lockstep" or first, round=round_,
                                     staleness=round_ if first else sw.staleness_rounds,
-                                    deadline_s=sw.collect_deadline_s)
+                                    deadline_s=sw.collect_deadline_s, rank=self.newcomers.rank)
         info["collect_s"] = intake.waited_s
         rejected: Counter = Counter({f"swarm:{r}": n for r, n in intake.rejected.items()})
         info.update(bytes_out=len(payload), bytes_in=intake.payload_bytes_in,  # published / downloaded
                     payload_bytes_out=intake.payload_bytes_out, control_bytes_in=intake.control_bytes_in,
                     control_bytes_out=intake.control_bytes_out, buffer_events=intake.events)
         groups, ages, lags = [], [], []
-        for rec in intake.batches:
+        self.newcomers.start_round(round_)
+        for rec in sorted(intake.batches, key=lambda b: self.newcomers.rank(b.peer_id)):
+            if not self.newcomers.admit(rec.peer_id):
+                rejected["newcomer_capped"] += 1
+                continue
             try:
                 decoded = decode_batch(rec.payload, self.limits)
             except ProtocolError as exc:
                 rejected[f"protocol:{exc.reason}"] += 1
-                log.warning("rejected batch from %s: %s", rec.peer_id, exc)
+                self.peer_log.warning(f"protocol:{exc.reason}", "rejected batch from %s: %s", rec.peer_id, exc)
                 continue
             if decoded.round != rec.round:  # the payload must be what the announcement said
                 rejected["round_mismatch"] += 1
@@ -208,18 +219,28 @@ class GRPONode:
             rejected.update(adm.rejected)
             info["rewards_overridden"] += adm.rewards_changed
             if adm.rejected:
-                log.warning("declined %s from %s", dict(adm.rejected), rec.peer_id)
+                self.peer_log.warning("declined", "declined %s from %s", dict(adm.rejected), rec.peer_id)
             adm.groups, dup = self.replay.admit(round_, adm.groups)
             rejected.update(dup)
             adm.groups, capped = cap_share(adm.groups, self.cfg.task.prompts_per_round)
             if capped:
                 rejected["share_capped"] += capped
             if adm.groups:
-                ok, stat, limit = self.audit.judge(adm.groups, self.trainer.completion_logprobs(adm.groups))
+                recomputed = self.trainer.completion_logprobs(adm.groups)
+                ok, stat, limit = self.audit.judge(adm.groups, recomputed)
                 if not ok:
                     rejected["logprob_outlier"] += 1
-                    log.warning("declined batch from %s: mean capped weight %.3f > %.3f", rec.peer_id, stat, limit)
+                    self.peer_log.warning("logprob_outlier", "declined batch from %s: mean capped weight %.3f > %.3f",
+                                          rec.peer_id, stat, limit)
                     continue
+                ok, gap, lower = self.skew.judge(rec.peer_id, adm.groups, recomputed)
+                if not ok:
+                    rejected["logprob_skew"] += 1
+                    self.peer_log.warning("logprob_skew", "declined batch from %s: positive-advantage log-ratio gap "
+                                          "%.3f (lower bound %.3f) > %.2f", rec.peer_id, gap, lower,
+                                          self.skew.tolerance)
+                    continue
+                self.newcomers.passed(rec.peer_id, round_)
             groups.extend(adm.groups)
             if adm.groups:
                 ages.append(rec.age_s)

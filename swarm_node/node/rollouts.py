@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import Counter
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -284,3 +284,145 @@ def cap_share(groups: list[TrainGroup], max_groups: int) -> tuple[list[TrainGrou
     if max_groups < 0 or len(groups) <= max_groups:
         return groups, 0
     return groups[:max_groups], len(groups) - max_groups
+
+
+# ---- hole 6, targeted: log-probs lowered only on positive-advantage completions ----
+
+
+@dataclass
+class SkewAudit:
+    """Per-peer running test of claimed log-probs lowered only where they pay (positive advantage).
+
+    The mean-weight audit above cannot see an attacker that lowers its claimed log-probs only on the
+    completions our recomputed rewards favour: those are a small share of a batch's tokens, and an honest
+    but different model leaves headroom under 1. Such an attacker shifts the log-ratio
+    log p (ours, recomputed) - log q (claimed) by its delta on exactly those completions. So, per group
+    with mixed rewards, we take the gap between the mean clipped log-ratio of its positive-advantage
+    completions and of the others (within a group, so prompt difficulty and model differences common to
+    the group cancel), and keep each peer's gaps over its last `window` batches. A batch is refused
+    (`logprob_skew`) when that running mean gap is above `tolerance` with z-score `z` (mean - z*SE).
+
+    What it costs and what it leaves: an honest but different model has a gap of its own (a judge that is
+    better at the task gives right answers higher p); `tolerance` is sized from measuring tiny-m judged by
+    tiny-s (benchmarks/logprob_audit.py, docs/security.md). An attacker that keeps its delta under the
+    tolerance passes, but then gains at most exp(tolerance) (1.42x at 0.35 nats) on those tokens, instead of
+    the F-TIS cap's 2x. Memory: `window` floats per group for at most `max_peers` peers.
+    """
+
+    tolerance: float = 0.35
+    z: float = 3.0
+    window: int = 16
+    min_groups: int = 8
+    clip: float = 4.0
+    max_peers: int = 4096
+    _history: OrderedDict = field(default_factory=OrderedDict, repr=False)
+
+    def gaps(self, groups: list[TrainGroup], recomputed: list[list[np.ndarray]]) -> list[float]:
+        """Per group with mixed rewards: mean log-ratio of positive-advantage completions minus the rest's."""
+        out = []
+        for g, lps in zip(groups, recomputed, strict=True):
+            r = np.asarray(g.rewards, np.float64)
+            pos = r > r.mean() + 1e-9
+            if not pos.any() or pos.all():
+                continue
+            means = np.array([
+                float(np.clip(np.asarray(lp, np.float64) - np.asarray(b, np.float64), -self.clip, self.clip).mean())
+                if len(lp) else 0.0
+                for lp, b in zip(lps, g.behaviour_logprobs, strict=True)])
+            out.append(float(means[pos].mean() - means[~pos].mean()))
+        return out
+
+    def judge(self, peer_id: str, groups: list[TrainGroup],
+              recomputed: list[list[np.ndarray]]) -> tuple[bool, float, float]:
+        """(accept, running mean gap, its lower confidence bound); remembers this batch's gaps either way."""
+        hist = self._history.pop(peer_id, None)
+        if hist is None:
+            hist = deque(maxlen=self.window)
+        self._history[peer_id] = hist
+        while len(self._history) > self.max_peers:
+            self._history.popitem(last=False)
+        hist.append(self.gaps(groups, recomputed))
+        flat = np.array([x for b in hist for x in b], dtype=np.float64)
+        if flat.size < self.min_groups:
+            return True, float(flat.mean()) if flat.size else 0.0, float("-inf")
+        mean = float(flat.mean())
+        lower = mean - self.z * float(flat.std(ddof=1)) / math.sqrt(flat.size)
+        return lower <= self.tolerance, mean, lower
+
+    def forget(self, peer_id: str) -> None:
+        self._history.pop(peer_id, None)
+
+
+# ---- Sybils filling K: what identities not yet established may take of a round ----
+
+
+class NewcomerGate:
+    """Bounds the share of a round's K peer slots that identities not yet established can take.
+
+    Identities cost nothing, so the per-identity share cap alone lets a Sybil fill all K slots with many
+    identities. Here an identity is *established* once its batches passed every check (decode, admission,
+    both log-prob audits) in `established_after` distinct rounds. Per round at most `max_new` batches of
+    newcomers are used (the rest counted `newcomer_capped`), and the intake prefers established peers, then
+    newcomers in the order first heard (`rank`), so a flood of fresh identities never displaces peers that
+    have already shown good behaviour, and an honest newcomer waits behind the newcomers heard before it,
+    not behind ones heard after. The cost to an honest newcomer: it takes `established_after` rounds before
+    it competes for every slot, and a swarm where everyone is new fills at most `max_new` slots a round
+    until peers establish. Memory: two integers per identity for at most `max_peers` identities.
+    """
+
+    def __init__(self, max_new: int, established_after: int = 2, max_peers: int = 4096) -> None:
+        self.max_new = max(0, int(max_new))
+        self.established_after = max(0, int(established_after))
+        self.max_peers = max_peers
+        self._passed: OrderedDict[str, set[int]] = OrderedDict()  # identity -> rounds it passed (bounded)
+        self._first_heard: OrderedDict[str, int] = OrderedDict()  # identity -> order first heard
+        self._heard = 0
+        self._round = None
+        self._new_used = 0
+        self._pending: set[str] = set()  # newcomers given a slot this round that have not passed yet
+
+    def established(self, peer_id: str) -> bool:
+        return len(self._passed.get(peer_id, ())) >= self.established_after
+
+    def rank(self, peer_id: str) -> tuple[int, int]:
+        """Sort key for the intake: established first, then newcomers in the order first heard."""
+        if self.established(peer_id):
+            return (0, 0)
+        order = self._first_heard.get(peer_id)
+        if order is None:
+            order = self._heard
+            self._heard += 1
+            self._first_heard[peer_id] = order
+            while len(self._first_heard) > self.max_peers:
+                self._first_heard.popitem(last=False)
+        return (1, order)
+
+    def start_round(self, round_: int) -> None:
+        """A newcomer that took a slot last round and did not pass goes to the back of the queue, so
+        identities sending junk cannot hold the newcomer slots."""
+        for pid in self._pending:
+            if pid in self._first_heard:
+                del self._first_heard[pid]
+            self.rank(pid)
+        self._pending.clear()
+        self._round, self._new_used = round_, 0
+
+    def admit(self, peer_id: str) -> bool:
+        """May this round use a batch of `peer_id`? Takes one of the round's newcomer slots if it is new."""
+        if self.established(peer_id):
+            return True
+        if self._new_used >= self.max_new:
+            return False
+        self._new_used += 1
+        self._pending.add(peer_id)
+        return True
+
+    def passed(self, peer_id: str, round_: int) -> None:
+        """A batch of `peer_id` passed every check in round `round_`."""
+        self._pending.discard(peer_id)
+        rounds = self._passed.pop(peer_id, set())
+        if len(rounds) < self.established_after:
+            rounds.add(int(round_))
+        self._passed[peer_id] = rounds
+        while len(self._passed) > self.max_peers:
+            self._passed.popitem(last=False)

@@ -159,8 +159,11 @@ class Intake:
 
     # ---- what the round loop calls ----
 
-    def take(self, k: int, accept=None, *, min_round: int | None = None) -> tuple[list[Buffered], list[Offer]]:
+    def take(self, k: int, accept=None, *, min_round: int | None = None,
+             rank=None) -> tuple[list[Buffered], list[Offer]]:
         """Up to k fresh batches of distinct peers, chosen at random; (taken, offers to fetch now).
+
+        `rank(offer)`: when given, the smallest ranks are taken first, at random among equal ranks.
 
         Batches that have gone stale are dropped (counted `stale_age` / `stale_version`); ones the
         `accept` filter declines stay buffered (counted `declined`). `min_round` (lockstep) skips, but
@@ -180,6 +183,9 @@ class Intake:
                         self.counts["declined"] += 1
                 ready = ok
             chosen = self.rng.sample(ready, min(k, len(ready))) if k > 0 else []
+            if rank is not None and k > 0:
+                keyed = [(rank(p.slot.offer), self.rng.random(), i) for i, p in enumerate(ready)]
+                chosen = [ready[i] for _, _, i in sorted(keyed)[:k]]
             taken = []
             for p in chosen:
                 taken.append(p.slot)
