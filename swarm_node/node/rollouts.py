@@ -260,7 +260,7 @@ class LogprobAudit:
 
     def statistic(self, groups: list[TrainGroup], recomputed: list[list[np.ndarray]]) -> tuple[float, int]:
         """(mean capped weight min(exp(logp - logq), cap) over all completion tokens, token count)."""
-        ratios = [np.minimum(np.exp(np.asarray(lp, np.float64) - np.asarray(b, np.float64)), self.cap)
+        ratios = [np.exp(np.minimum(np.asarray(lp, np.float64) - np.asarray(b, np.float64), math.log(self.cap)))
                   for g, lps in zip(groups, recomputed, strict=True)
                   for lp, b in zip(lps, g.behaviour_logprobs, strict=True) if len(lp)]
         if not ratios:
