@@ -63,7 +63,7 @@ MODES: dict[str, tuple[str, ...]] = {
 BATCH_MODES = ("false_rewards", "nan_rewards", "extreme_logprobs", "ids_over_vocab", "length_mismatch",
                "wrong_tokenizer", "wrong_task", "fabricate_positive", "fabricate_all", "zstd_bomb", "msgpack_bomb",
                "empty_planes", "stale", "future", "replay_verbatim", "replay_reencoded", "wrong_digest")
-MIN_ROUNDS = {"fabricate_positive": 4}  # the skew audit needs a few batches of mixed groups per peer
+MIN_ROUNDS = {"fabricate_positive": 4, "sybil": 3}  # the skew audit needs a few batches of mixed groups per peer
 FABRICATE_DELTA = 1.0  # nats taken off the claimed log-probs (exp(1) = 2.7x: the F-TIS cap's full 2x)
 
 log = logging.getLogger("adversary")
@@ -307,9 +307,11 @@ class Adversary:
             from swarm_node.protocol import encode_batch
 
             self.start_sybils()
-            for i, s in enumerate(self.sybils):
+            payloads = [encode_batch(self.forge.batch(r, salt=101 + i, model_name="sybil"))
+                        for i in range(len(self.sybils))]
+            for s, data in zip(self.sybils, payloads, strict=True):  # all at once: they compete for one round
                 s.set_round(r)
-                s.publish("batch", r, encode_batch(self.forge.batch(r, salt=101 + i, model_name="sybil")))
+                s.publish("batch", r, data)
         elif mode == "overwrite_records":
             from swarm_node.swarm import records as R
 

@@ -95,11 +95,12 @@ class GRPONode:
             swarm_id=cfg.swarm.swarm_id, task_id=self.task.task_id, tokenizer_fp=self.loaded.tokenizer_fp,
             vocab_size=self.loaded.vocab_size, trust_peer_rewards=cfg.swarm.trust_peer_rewards,
         )
-        self.replay = ReplayWindow(window=cfg.swarm.staleness_rounds + 2)  # hole 5: a completion counts once
+        # hole 5: a completion counts once, over as many rounds as the intake would accept a batch's age
+        self.replay = ReplayWindow(window=cfg.swarm.staleness_rounds + 2, max_age_s=cfg.swarm.max_batch_age_s + 10)
         self.audit = LogprobAudit(cap=cfg.training.cap)  # hole 6: claimed log-probs against our recompute
         self.skew = SkewAudit()  # hole 6, targeted: lowered only on positive-advantage completions, per peer
-        # Sybils: identities not yet established take at most half of the K slots a round
-        self.newcomers = NewcomerGate(max_new=max(1, cfg.swarm.max_peers_per_round // 2))
+        # Sybils: identities not yet established take at most a quarter of the K slots a round (at least 1)
+        self.newcomers = NewcomerGate(max_new=max(1, cfg.swarm.max_peers_per_round // 4))
         self.peer_log = RateLimitedLog(log, burst=5, period_s=60.0)  # lines a peer can cause
         # groups from an in-process source instead of the swarm (off-policy experiments, benchmarks)
         self.external_source: Callable[[int], list[TrainGroup]] | None = None
@@ -194,13 +195,16 @@ class GRPONode:
         intake = self.swarm.receive(sw.max_peers_per_round, accept=self._accepts_peer,
                                     lockstep=sw.exchange == "lockstep" or first, round=round_,
                                     staleness=round_ if first else sw.staleness_rounds,
-                                    deadline_s=sw.collect_deadline_s, rank=self.newcomers.rank)
+                                    deadline_s=sw.collect_deadline_s, choose=self.newcomers.choose)
         info["collect_s"] = intake.waited_s
         rejected: Counter = Counter({f"swarm:{r}": n for r, n in intake.rejected.items()})
         info.update(bytes_out=len(payload), bytes_in=intake.payload_bytes_in,  # published / downloaded
                     payload_bytes_out=intake.payload_bytes_out, control_bytes_in=intake.control_bytes_in,
                     control_bytes_out=intake.control_bytes_out, buffer_events=intake.events)
         groups, ages, lags = [], [], []
+        if self.newcomers.passed_over:  # Sybils: newcomers beyond this round's share stay in the buffer
+            rejected["newcomer_capped"] += self.newcomers.passed_over
+            self.newcomers.passed_over = 0
         self.newcomers.start_round(round_)
         for rec in sorted(intake.batches, key=lambda b: self.newcomers.rank(b.peer_id)):
             if not self.newcomers.admit(rec.peer_id):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import random
+import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -182,19 +184,36 @@ class ReplayWindow:
     sent back to us) is dropped and counted (`duplicate_completion`); a group left with fewer than two
     completions is dropped (`replayed_group`). Repeats *within* one group are kept: a sampler that draws
     the same answer several times (common on short answers) reports how likely it is, and dropping the
-    copies would bias the group's advantages. Memory: at most `max_keys` 16-byte keys.
+    copies would bias the group's advantages. A round's keys are kept while it is within `window` rounds
+    *or* `max_age_s` seconds: a replayer re-announces old completions with a fresh generation time, so a
+    node with fast rounds must remember as long as the intake would accept a batch's age (120 s), not only
+    a few rounds. Memory: at most `max_keys` 16-byte keys.
     """
 
-    def __init__(self, window: int, max_keys: int = 1_000_000) -> None:
+    def __init__(self, window: int, max_keys: int = 1_000_000, max_age_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.window = max(1, int(window))
         self.max_keys = max_keys
+        self.max_age_s = max_age_s
+        self.clock = clock
         self._by_round: dict[int, set[bytes]] = {}
+        self._born: dict[int, float] = {}
 
     def _prune(self, round_: int) -> None:
-        for r in [r for r in self._by_round if r <= round_ - self.window or r > round_]:
+        now = self.clock()
+        self._born.setdefault(round_, now)
+        old = [r for r in self._by_round
+               if r > round_ or r <= round_ - self.window
+               and (self.max_age_s <= 0 or now - self._born.get(r, now) > self.max_age_s)]
+        for r in old:
             del self._by_round[r]
+            self._born.pop(r, None)
+        for r in [r for r in self._born if r not in self._by_round and r != round_]:
+            del self._born[r]
         while sum(len(s) for s in self._by_round.values()) > self.max_keys and len(self._by_round) > 1:
-            del self._by_round[min(self._by_round)]
+            oldest = min(self._by_round)
+            del self._by_round[oldest]
+            self._born.pop(oldest, None)
 
     def _seen(self, key: bytes) -> bool:
         return any(key in s for s in self._by_round.values())
@@ -361,16 +380,19 @@ class NewcomerGate:
 
     Identities cost nothing, so the per-identity share cap alone lets a Sybil fill all K slots with many
     identities. Here an identity is *established* once its batches passed every check (decode, admission,
-    both log-prob audits) in `established_after` distinct rounds. Per round at most `max_new` batches of
-    newcomers are used (the rest counted `newcomer_capped`), and the intake prefers established peers, then
-    newcomers in the order first heard (`rank`), so a flood of fresh identities never displaces peers that
-    have already shown good behaviour, and an honest newcomer waits behind the newcomers heard before it,
-    not behind ones heard after. The cost to an honest newcomer: it takes `established_after` rounds before
-    it competes for every slot, and a swarm where everyone is new fills at most `max_new` slots a round
-    until peers establish. Memory: two integers per identity for at most `max_peers` identities.
+    both log-prob audits) in `established_after` distinct rounds. Of the K batches a round takes
+    (`choose`), at most `max_new` come from newcomers, in the order first heard, and the rest from
+    established peers at random; newcomers passed over stay buffered and are counted `newcomer_capped`.
+    So a flood of fresh identities takes at most max_new / K of a round, never displaces peers that have
+    shown good behaviour, and an honest newcomer waits only behind the newcomers heard before it. The
+    cost: a newcomer takes `established_after` rounds before it competes for every slot, one heard behind
+    N queued newcomers waits about N * established_after / max_new rounds, and a swarm where everyone is
+    new fills at most `max_new` slots a round until peers establish (benchmarks/sybil_newcomers.py).
+    Memory: two integers per identity for at most `max_peers` identities.
     """
 
-    def __init__(self, max_new: int, established_after: int = 2, max_peers: int = 4096) -> None:
+    def __init__(self, max_new: int, established_after: int = 2, max_peers: int = 4096,
+                 rng: random.Random | None = None) -> None:
         self.max_new = max(0, int(max_new))
         self.established_after = max(0, int(established_after))
         self.max_peers = max_peers
@@ -380,6 +402,8 @@ class NewcomerGate:
         self._round = None
         self._new_used = 0
         self._pending: set[str] = set()  # newcomers given a slot this round that have not passed yet
+        self.rng = rng or random.Random()
+        self.passed_over = 0  # newcomers' batches left in the buffer by the last choose()
 
     def established(self, peer_id: str) -> bool:
         return len(self._passed.get(peer_id, ())) >= self.established_after
@@ -396,6 +420,17 @@ class NewcomerGate:
             while len(self._first_heard) > self.max_peers:
                 self._first_heard.popitem(last=False)
         return (1, order)
+
+    def choose(self, offers: list, k: int) -> list[int]:
+        """Indices of the offers to take: up to `max_new` newcomers (first heard first), the rest established
+        peers at random. `offers` need a `peer_id` (swarm.intake.Offer)."""
+        est = [i for i, o in enumerate(offers) if self.established(o.peer_id)]
+        new = sorted((i for i, o in enumerate(offers) if not self.established(o.peer_id)),
+                     key=lambda i: self.rank(offers[i].peer_id))
+        n_new = min(self.max_new, len(new), k)
+        picked = new[:n_new] + self.rng.sample(est, min(k - n_new, len(est)))
+        self.passed_over = len(new) - n_new
+        return picked
 
     def start_round(self, round_: int) -> None:
         """A newcomer that took a slot last round and did not pass goes to the back of the queue, so

@@ -160,10 +160,10 @@ class Intake:
     # ---- what the round loop calls ----
 
     def take(self, k: int, accept=None, *, min_round: int | None = None,
-             rank=None) -> tuple[list[Buffered], list[Offer]]:
+             choose=None) -> tuple[list[Buffered], list[Offer]]:
         """Up to k fresh batches of distinct peers, chosen at random; (taken, offers to fetch now).
 
-        `rank(offer)`: when given, the smallest ranks are taken first, at random among equal ranks.
+        `choose(offers, k)`: when given, picks the indices to take instead (e.g. NewcomerGate.choose).
 
         Batches that have gone stale are dropped (counted `stale_age` / `stale_version`); ones the
         `accept` filter declines stay buffered (counted `declined`). `min_round` (lockstep) skips, but
@@ -183,9 +183,8 @@ class Intake:
                         self.counts["declined"] += 1
                 ready = ok
             chosen = self.rng.sample(ready, min(k, len(ready))) if k > 0 else []
-            if rank is not None and k > 0:
-                keyed = [(rank(p.slot.offer), self.rng.random(), i) for i, p in enumerate(ready)]
-                chosen = [ready[i] for _, _, i in sorted(keyed)[:k]]
+            if choose is not None and k > 0:
+                chosen = [ready[i] for i in choose([p.slot.offer for p in ready], k)][:k]
             taken = []
             for p in chosen:
                 taken.append(p.slot)

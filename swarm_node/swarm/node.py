@@ -408,16 +408,16 @@ class SwarmNode:
 
     def receive(self, k: int, *, accept: Callable[[R.MemberRecord], bool] | None = None,
                 lockstep: bool = False, round: int = 0, staleness: int = 0,
-                deadline_s: float = 0.0, rank: Callable[[str], tuple] | None = None) -> RoundIntake:
+                deadline_s: float = 0.0, choose: Callable[[list, int], list[int]] | None = None) -> RoundIntake:
         """Peers' batches for one round (at most one per peer, at most k), plus this round's exchange costs.
 
         Async (default): takes what has arrived, at once; nothing arrived -> no batches. Lockstep: waits up
         to `deadline_s` until min(k, accepted live peers) batches of rounds >= round - staleness are there.
-        `rank(peer_id)`: peers with the smallest rank are taken first (random among equals), e.g. established
-        identities before newcomers.
+        `choose(offers, k)`: which of the ready offers to take (default: k at random), e.g. a bounded
+        share for identities not yet established (node.rollouts.NewcomerGate).
         """
         t0 = time.perf_counter()
-        batches = (self._take(k, accept, lockstep, round, staleness, deadline_s, rank)
+        batches = (self._take(k, accept, lockstep, round, staleness, deadline_s, choose)
                    if k > 0 and not self._closed else [])
         waited = time.perf_counter() - t0
         st = self.round_stats()
@@ -436,7 +436,7 @@ class SwarmNode:
             return []
         return self._take(k, accept, True, int(round), staleness, deadline_s)
 
-    def _take(self, k, accept, lockstep, round_, staleness, deadline_s, rank=None) -> list[Received]:
+    def _take(self, k, accept, lockstep, round_, staleness, deadline_s, choose=None) -> list[Received]:
         def ok(offer: Offer) -> bool:
             return accept is None or self._accepts(accept, offer.info["member"])
 
@@ -453,8 +453,7 @@ class SwarmNode:
                     if left <= 0:
                         break
                     self.intake.cond.wait(min(left, POLL_S))
-        taken, refetch = self.intake.take(k, ok, min_round=min_round,
-                                          rank=None if rank is None else (lambda o: rank(o.peer_id)))
+        taken, refetch = self.intake.take(k, ok, min_round=min_round, choose=choose)
         for offer in refetch:
             self._run_soon(self._download_offer(offer))
         out = []
