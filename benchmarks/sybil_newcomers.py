@@ -102,6 +102,25 @@ def main() -> None:
     for name, v in flood_share.items():
         print(f"  {name:<13} {v:.3f}")
 
+    def persistent(r):  # the same Sybil identities every round: they establish, one slot at a time
+        return three + ([f"p{i}" for i in range(args.sybils)] if r >= 8 else [])
+
+    kept = {}
+    for name, g in (("without gate", None), ("with gate", "g")):
+        per = {}
+        for span in ((9, 30), (31, 100)):
+            shares = []
+            for s in seeds:
+                used = simulate(span[1], persistent, k, gate(s) if g else None, s)[span[0] - 1:]
+                shares.append(sum(p in three for u in used for p in u) / max(1, sum(len(u) for u in used)))
+            per[f"rounds {span[0]}..{span[1]}"] = round(float(np.mean(shares)), 3)
+        kept[name] = per
+    out["persistent_sybils_honest_share"] = kept
+    print(f"\npersistent Sybils: the same {args.sybils} identities every round from round 8 (they pass every check, "
+          f"so they establish): honest share of slots used")
+    for name, v in kept.items():
+        print(f"  {name:<13} " + ", ".join(f"{a}: {b:.3f}" for a, b in v.items()))
+
     late = {}
     print(f"\nlate honest newcomer, first heard in round 8 behind N newcomers heard before it (K={k}, "
           f"{args.sybils} new Sybils a round): rounds until first used / established (with gate)")
