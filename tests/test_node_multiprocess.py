@@ -275,7 +275,11 @@ def test_lying_peer_is_overridden_not_trusted(swarm_run):
         # honest peers' claims agree with the local recomputation
         honest_groups = sum(r["external_groups"] for r in rows) - from_liar
         assert honest_groups > 0
-        assert overridden == 4 * from_liar, (p.name, overridden, from_liar)
+        # the liar's made-up log-probs (-0.7 everywhere) also fail the per-peer skew audit once it has seen a
+        # few of its batches: those were overridden first (16 completions a batch), then refused by reason;
+        # honest peers are never refused by an audit
+        audited = sum((r["rejected"] or {}).get(k, 0) for r in rows for k in ("logprob_skew", "logprob_outlier"))
+        assert overridden == 4 * from_liar + 16 * audited, (p.name, overridden, from_liar, audited)
 
 
 def test_batches_older_than_the_age_limit_are_not_trained_on(swarm_run):
