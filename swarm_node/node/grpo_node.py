@@ -123,8 +123,13 @@ class GRPONode:
             return
         self.saved_round = self.round
         save_checkpoint(self.state_dir, self.round, self.loaded.model, self.trainer.state_dict(),
-                        model_record(self.loaded, self.cfg.model.lora),
+                        model_record(self.loaded, self.cfg.model.lora) | self.prompt_record(),
                         self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
+
+    def prompt_record(self) -> dict:
+        """How this node encodes prompts, so `swarm-node eval STATE_DIR` scores the model as it was trained."""
+        g = self.cfg.generation
+        return {"prompt_encoding": {"chat_template": g.chat_template, "max_prompt_tokens": g.max_prompt_tokens}}
 
     def join_swarm(self) -> None:
         from swarm_node.swarm import PeerInfo, SwarmNode
