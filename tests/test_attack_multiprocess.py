@@ -8,6 +8,7 @@ without the attacker. Timing is compared side by side in one run, never against 
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -22,8 +23,11 @@ ACC_TOLERANCE = 0.2  # |accuracy difference| at every common eval point (eval_n 
 
 @pytest.fixture(scope="module")
 def attacked(presets_dir, tmp_path_factory):
-    run = run_side_by_side(tmp_path_factory.mktemp("attack"), presets_dir, modes=list(MODES), timeout_s=600)
-    return run, summarize(run)
+    tmp = tmp_path_factory.mktemp("attack")
+    run = run_side_by_side(tmp, presets_dir, modes=list(MODES), timeout_s=600)
+    s = summarize(run)
+    (tmp / "summary.json").write_text(json.dumps({**s, "wall_s": run["wall_s"]}, default=str))  # for a reader
+    return run, s
 
 
 def test_both_nodes_finish_and_the_adversary_ran_every_mode(attacked) -> None:
