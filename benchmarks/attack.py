@@ -3,7 +3,7 @@
 Per seed, two swarms run side by side on 127.0.0.1 (each a bootstrap and one honest tiny-s node with the
 same seed); the second also has the adversary, which runs every attack mode one after another. Prints per
 attack the rejections the honest node counted, by reason, and whether they are what the attack must
-cause; then the honest node's rounds against the baseline's over the same wall time, whether parameters
+cause; then the honest node's rounds per second against the baseline's (after round 1), whether parameters
 stayed finite, and the accuracy difference against the same seeded run without the attacker (mean over
 the common eval points; over seeds: mean +- SE and a verdict, "cannot tell" with one seed).
 
@@ -84,7 +84,9 @@ def main() -> None:
     deltas = [s["mean_acc_delta"] for s in results]
     mean_d = sum(deltas) / len(deltas)
     se = seeds_se(deltas)
-    print(f"\nhonest rounds, attacked / baseline (same wall time): {', '.join(f'{p:.3f}' for p in paces)}")
+    print(f"\nhonest pace, attacked / baseline rounds per second after round 1 (side by side): "
+          f"{', '.join(f'{p:.3f}' for p in paces)}; first round (s), baseline / attacked: "
+          + ", ".join(f"{s['first_round_s']['baseline']} / {s['first_round_s']['attacked']}" for s in results))
     print(f"params finite: {all(all(s['params_finite'].values()) for s in results)}; "
           f"loss finite: {all(s['loss_finite'] for s in results)}")
     print(f"accuracy, attacked - baseline (mean over eval points): {mean_d:+.3f}"

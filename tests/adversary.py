@@ -225,13 +225,21 @@ class Adversary:
         self.node = SwarmNode(self.cfg, self.info).start()
         self.sybils: list = []
         self.newest = 0  # newest round we announced a batch for
+        self._honest: dict[str, int] = {}
+        self._honest_at = -1e9
         self.report: dict = {"peer_id": self.node.peer_id, "modes": {}}
 
     # -- helpers --
 
     def honest(self) -> dict[str, int]:
-        return {m.peer_id: m.round for m in self.node.live_peers()
-                if m.peer_id != self.node.peer_id and m.model_name not in ("adversary", "sybil")}
+        """Honest peers' rounds from their membership records, read at most once a second (each read asks
+        every DHT node near the key: polling faster would load the honest node's DHT, not test it)."""
+        now = time.monotonic()
+        if now - self._honest_at >= 1.0:
+            self._honest = {m.peer_id: m.round for m in self.node.live_peers()
+                            if m.peer_id != self.node.peer_id and m.model_name not in ("adversary", "sybil")}
+            self._honest_at = now
+        return self._honest
 
     def honest_round(self) -> int:
         return max(self.honest().values(), default=0)
@@ -502,6 +510,17 @@ def run_side_by_side(tmp: Path, presets: Path, *, modes: list[str], rounds_per_m
             b.stop()
 
 
+def _rate(rows: list[dict]) -> float:
+    """Rounds per second from round 1 to the last round."""
+    if len(rows) < 3:
+        return 0.0
+    return (len(rows) - 2) / max(1e-9, rows[-1]["time"] - rows[1]["time"])
+
+
+def _first_round_s(rows: list[dict]) -> float | None:
+    return round(rows[1]["time"] - rows[0]["time"], 2) if len(rows) > 1 else None
+
+
 def summarize(run: dict) -> dict:
     """Per mode: reasons counted; overall: rounds (attacked / baseline), params finite, accuracy curves."""
     base, att = run["rows"]["baseline"], run["rows"]["attacked"]
@@ -513,7 +532,10 @@ def summarize(run: dict) -> dict:
     return {
         "modes": {m: {"reasons": by_mode.get(m, {}), "counted": counted(m, by_mode.get(m, {}))} for m in run["report"].get("modes", {})},
         "rounds": {"baseline": len(base) - 1, "attacked": len(att) - 1},
-        "pace_ratio": (len(att) - 1) / max(1, len(base) - 1),
+        # rounds per second after round 1: the first exchange waits (up to collect_deadline_s) once for the
+        # live peers' first batches, and an adversary that is live but has not published costs that wait
+        "pace_ratio": _rate(att) / _rate(base) if _rate(base) > 0 else float("nan"),
+        "first_round_s": {"baseline": _first_round_s(base), "attacked": _first_round_s(att)},
         "params_finite": {n: params_finite(d) for n, d in run["state_dirs"].items()},
         "acc_rounds": common, "acc_delta": deltas,
         "max_abs_acc_delta": max((abs(d) for d in deltas), default=float("nan")),

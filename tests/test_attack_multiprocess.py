@@ -17,7 +17,7 @@ from tests.adversary import MODES, run_side_by_side, summarize
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-PACE_FRACTION = 0.7  # attacked rounds >= 70% of the baseline's over the same wall time
+PACE_FRACTION = 0.7  # attacked rounds per second (after round 1) >= 70% of the baseline's, side by side
 ACC_TOLERANCE = 0.2  # |accuracy difference| at every common eval point (eval_n = 50: one sample is 0.02)
 
 
