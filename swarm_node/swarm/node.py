@@ -72,6 +72,12 @@ MAX_DOWNLOADS = 4
 VIEW_READ_PEERS = 8  # membership is read every heartbeat up to this many peers, proportionally less often beyond
 MAX_VIEW = 4096  # peers we may push to (membership + pushers); the intake keeps state for as many
 PUSH_TIMEOUT_S = 5.0
+STORE_BEAM = 4
+"""Beam width of the Kademlia lookup before a store (hivemind's default is the bucket size, 20). Every
+node that lookup visits and that holds the key answers with the whole value: for the membership key,
+one record per peer, so below 20 peers a store cost O(swarm^2) bytes. A beam just above DHT_REPLICAS
+still finds the replicas' nodes and visits a bounded number of holders."""
+MEMBER_REFRESHES_PER_TTL = 3  # the membership record is re-stored 3 times per TTL (lives through 2 misses)
 
 
 @dataclass
@@ -501,7 +507,8 @@ class SwarmNode:
         with self._stat_lock:
             self._counts["control_bytes_out"] += len(key) + len(self._subkey) + len(MSGPackSerializer.dumps(value))
         try:
-            ok = self._dht_call("store", key, value, time.time() + self.cfg.record_ttl_s, subkey=self._subkey)
+            ok = self._dht_call("store", key, value, time.time() + self.cfg.record_ttl_s, subkey=self._subkey,
+                                beam_size=STORE_BEAM)
         except Exception as exc:
             self.log.warning("storing %s failed (will retry on the next heartbeat): %s", key, exc)
             return False
@@ -647,7 +654,10 @@ class SwarmNode:
         for reason, n in self._refusals.poll(self._dht_call).items():  # records our DHT child refused
             with self._stat_lock:
                 self._rejected[reason] = self._rejected.get(reason, 0) + n
-        self._store(R.members_key(self.cfg.swarm_id), self._member_record())
+        # Membership is re-stored a few times per TTL, not every heartbeat: each store is a DHT lookup plus
+        # writes to DHT_REPLICAS nodes, and liveness between stores is seen in the peers' pushes anyway.
+        if self._beats % max(1, int(self.cfg.record_ttl_s / (MEMBER_REFRESHES_PER_TTL * self.cfg.heartbeat_s))) == 0:
+            self._store(R.members_key(self.cfg.swarm_id), self._member_record())
         self._announce("params")  # DPO neighbours poll it for the round they need
         # the batch DHT record is for `status` and tools only (peers learn of batches by push): refreshed
         # twice per TTL, not every heartbeat, since each DHT store costs a lookup across the swarm
@@ -742,5 +752,6 @@ class SwarmNode:
             return
         with self._stat_lock:
             self._counts["dht_restarts"] += 1
+        self._beats = 0  # the next heartbeat re-stores membership at once
         self._heartbeat()
         self.log.warning("DHT restarted and swarm rejoined in %.1fs", time.monotonic() - t0)
