@@ -234,6 +234,8 @@ class NodeConfig(_Section):
     mode: Literal["grpo", "dpo"] = Field("grpo", description="GRPO with F-TIS sample sharing, or DPO with parameter averaging")
     rounds: int | None = Field(None, ge=1, description="stop after this many rounds; None = run until stopped")
     seed: int = Field(0, description="seeds prompts, sampling and init; give each node its own")
+    pipeline: bool = Field(False, description="GRPO: sample round r+1 in the background while round r trains "
+                           "(its own samples are then one policy version stale, corrected by F-TIS like a peer's)")
     model: ModelConfig = ModelConfig()
     generation: GenerationConfig = GenerationConfig()
     task: TaskConfig = TaskConfig()
