@@ -24,6 +24,7 @@ from swarm_node.models.loading import LoadedModel, enable_gradient_checkpointing
 from swarm_node.node.checkpoint import model_record, restore_newest, save_checkpoint
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
+from swarm_node.node.pipeline import PipelinedSampler
 from swarm_node.node.progress import RoundProgress
 from swarm_node.node.rollouts import (
     Expectations,
@@ -104,6 +105,8 @@ class GRPONode:
         self.peer_log = RateLimitedLog(log, burst=5, period_s=60.0)  # lines a peer can cause
         # groups from an in-process source instead of the swarm (off-policy experiments, benchmarks)
         self.external_source: Callable[[int], list[TrainGroup]] | None = None
+        # pipeline: true -> round r+1 samples in the background (from the weights before round r's step)
+        self.pipe = PipelinedSampler(self.loaded, cfg.generation, self.generator) if cfg.pipeline else None
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -144,6 +147,8 @@ class GRPONode:
         log.info("peer id %s; reachable at %s", self.swarm.peer_id, " ".join(self.swarm.visible_maddrs()))
 
     def close(self) -> None:
+        if self.pipe is not None:
+            self.pipe.close()
         if self.swarm is not None:
             self.swarm.close()
             self.swarm = None
@@ -159,12 +164,48 @@ class GRPONode:
                         max_new_tokens=g.max_new_tokens, batch_size=max(g.batch_size, 64), encode=self.prompts.encode)
 
     def generate(self, round_: int) -> LocalRollouts:
-        g = self.cfg.generation
-        prompts = self.task.train_prompts(self.cfg.task.prompts_per_round, self._rng(round_))
-        ids = [self.prompts.encode(p.text) for p in prompts]
-        samples = self.generator.generate(ids, g.num_generations, max_new_tokens=g.max_new_tokens,
-                                          temperature=g.temperature, seed=self.cfg.seed * 1_000_003 + round_)
+        prompts, ids = self._round_prompts(round_)
+        samples, _seconds = self._sample_job(ids, round_)(self.generator)
         return LocalRollouts(prompts, ids, samples, score(self.task, self.tok, prompts, samples))
+
+    def _round_prompts(self, round_: int) -> tuple[list, list[list[int]]]:
+        prompts = self.task.train_prompts(self.cfg.task.prompts_per_round, self._rng(round_))
+        return prompts, [self.prompts.encode(p.text) for p in prompts]
+
+    def _sample_job(self, ids: list[list[int]], round_: int) -> Callable:
+        """Sampling alone (no tokenizer: safe in the pipeline's thread); the seed depends on the round only."""
+        g = self.cfg.generation
+
+        def job(generator) -> tuple[list, float]:
+            t0 = time.perf_counter()
+            samples = generator.generate(ids, g.num_generations, max_new_tokens=g.max_new_tokens,
+                                         temperature=g.temperature, seed=self.cfg.seed * 1_000_003 + round_)
+            return samples, time.perf_counter() - t0
+
+        return job
+
+    def _pipelined_generate(self, r: int) -> tuple[LocalRollouts, int, float, float]:
+        """Round r's samples from the background generation started last round (or now, after a (re)start),
+        then the next round's generation started from the current weights -> (rollouts, their policy
+        version, generation start time, seconds of generation)."""
+        pipe = self.pipe
+        got = pipe.take(r)
+        if got is None:  # first round of this process: nothing in flight yet, sample now from the current policy
+            pipe.sync(self.loaded.model, self.round)
+            prompts, ids = self._round_prompts(r)
+            generated = time.time()
+            samples, gen_s = self._sample_job(ids, r)(pipe.generator)
+            version = self.round
+        else:
+            pending, (samples, gen_s) = got
+            prompts, ids = pending.context
+            version, generated = pending.version, pending.generated
+        local = LocalRollouts(prompts, ids, samples, score(self.task, self.tok, prompts, samples))
+        if self.cfg.rounds is None or r < self.cfg.rounds:  # round r+1 samples while round r trains
+            pipe.sync(self.loaded.model, self.round)  # the weights before this round's step: version self.round
+            nxt_prompts, nxt_ids = self._round_prompts(r + 1)
+            pipe.start(r + 1, (nxt_prompts, nxt_ids), self._sample_job(nxt_ids, r + 1))
+        return local, version, generated, gen_s
 
     def _accepts_peer(self, m) -> bool:
         return m.mode == "grpo" and m.task_id == self.task.task_id and m.tokenizer_fp == self.loaded.tokenizer_fp
@@ -266,11 +307,16 @@ class GRPONode:
     def run_round(self) -> dict:
         r = self.round + 1
         t0 = time.perf_counter()
-        generated = time.time()
-        local = self.generate(r)
-        gen_s = time.perf_counter() - t0
         # policy version = rounds trained so far (the policy that sampled round r has seen r - 1 rounds)
-        external, swarm_info = self.exchange(local, r, version=self.round, generated=generated)
+        if self.pipe is None:
+            generated = time.time()
+            local = self.generate(r)
+            version = self.round
+            gen_s = wait_s = time.perf_counter() - t0
+        else:  # sampled in the background during the previous round's training: one version behind
+            local, version, generated, gen_s = self._pipelined_generate(r)
+            wait_s = time.perf_counter() - t0
+        external, swarm_info = self.exchange(local, r, version=version, generated=generated)
         t1 = time.perf_counter()
         t = self.cfg.training
         lr_now = self.trainer.lr * lr_factor(t.lr_schedule, r - 1, t.warmup_rounds, self.cfg.rounds)
@@ -286,7 +332,7 @@ class GRPONode:
                 torch.cuda.empty_cache()
             swarm_info["rejected"]["oom_external"] = len(external)
             res = self.trainer.step(local.train_groups())
-        if res.stepped:
+        if res.stepped and self.pipe is None:  # (pipelined: the sampler syncs between its generations)
             self.generator.sync_weights(self.loaded.model)
         train_s = time.perf_counter() - t1
         self.round = r
@@ -300,6 +346,7 @@ class GRPONode:
             "filtered_external": res.seqs_filtered_external,
             "kept": res.seqs_kept,
             "zero_advantage_groups": res.groups_zero_advantage,
+            "mean_ratio_local": res.mean_ratio_local,  # != 1 when pipelined: own samples one version old
             "mean_ratio_external": res.mean_ratio_external,
             "truncated_frac_external": res.truncated_frac_external,
             "divergence_external": res.mean_divergence_external,
@@ -308,6 +355,9 @@ class GRPONode:
             "stepped": res.stepped,
             "tokens_per_s": local.tokens() / gen_s if gen_s > 0 else None,
             "gen_s": round(gen_s, 4),
+            "gen_wait_s": round(wait_s, 4),  # round time spent waiting for its own samples (pipelined: < gen_s)
+            "policy_version": version,  # the policy that sampled this round's own groups
+            "local_version_lag": self.round - 1 - version,  # 1 when pipelined, else 0
             "train_s": round(train_s, 4),
             "collect_s": round(swarm_info["collect_s"], 4),
             "external_groups_by_peer": swarm_info["external_by_peer"],
