@@ -1,6 +1,7 @@
 """The fixed header around the zstd frame, and a decompression that refuses bombs before allocating.
 
-Layout: b"SNRB" | major u8 | minor u8 | body length u32 little-endian | one zstd frame.
+Layout: b"SNRB" | major u8 | minor u8 | body length u32 little-endian | one zstd frame, compressed with
+the version's dictionary (zdict.py) and without a dictionary id in its header.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ import zstandard
 
 from .batch import DecodeLimits
 from .errors import ProtocolError
+from .zdict import dictionary
 
 MAGIC = b"SNRB"
-MAJOR = 1
-MINOR = 1  # 1.1: a non-empty column carries at least one plane, packed indices at least 1 bit
+MAJOR = 2  # 2.0: prompt-id templates, a reward table, shared completion prefixes (docs/protocol.md)
+MINOR = 0
 HEADER = struct.Struct("<4sBBI")
 HEADER_SIZE = HEADER.size  # 10
 MAX_WINDOW = 1 << 27  # zstd's own default ceiling; refuse frames that ask a decoder for more
@@ -25,7 +27,8 @@ def frame(body: bytes, level: int = 3) -> bytes:
     """Header + zstd frame of `body` (the frame records its content size, which decode requires)."""
     if len(body) > 0xFFFFFFFF:
         raise ProtocolError("decompressed_too_large", f"body of {len(body)} bytes does not fit a u32")
-    comp = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=False)
+    comp = zstandard.ZstdCompressor(level=level, dict_data=dictionary(), write_content_size=True,
+                                    write_checksum=False, write_dict_id=False)
     return HEADER.pack(MAGIC, MAJOR, MINOR, len(body)) + comp.compress(body)
 
 
@@ -86,7 +89,7 @@ def unframe(data: bytes, limits: DecodeLimits) -> bytes:
     if end != len(data):
         raise ProtocolError("trailing_data", f"{len(data) - end} bytes after the zstd frame")
     try:
-        dctx = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
+        dctx = zstandard.ZstdDecompressor(dict_data=dictionary(), max_window_size=MAX_WINDOW)
         body = dctx.decompress(data[HEADER_SIZE:], max_output_size=declared)
     except zstandard.ZstdError as exc:
         raise ProtocolError("bad_frame", f"zstd: {exc}") from None

@@ -1,0 +1,85 @@
+"""Completions of one group that start alike: each is sent as (source, shared prefix length, new tokens).
+
+The G completions of a prompt are sampled from the same context, so they often begin with the same
+tokens, and with the same log-probs, since the same context gives the same distribution (on a trained
+tiny model 40% of a group's completions are exact repeats: short answers are sampled again and again).
+A completion names an earlier completion of its group (`d` back, 0 for none) and how many leading
+(id, quantized log-prob) pairs it shares with it (`L`); only its other tokens travel. Matching on the
+quantized pair keeps the round trip exact: the receiver copies what it already decoded.
+
+The copied tokens are not backed by bytes of their own, so their total is bounded before anything is
+expanded: every length comes from the `cl` column and their sum must pass `max_total_tokens`
+(validate.check_counts), the same bound a batch sent in full has.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import ProtocolError
+
+D_SPAN = 16  # the `cs` column holds L * D_SPAN + d, so d < D_SPAN
+WINDOW = D_SPAN - 1  # earlier completions of the group compared against (G = 8-16 in practice): bounds the cost
+
+
+def _lcp(a: np.ndarray, qa: np.ndarray, b: np.ndarray, qb: np.ndarray) -> int:
+    m = min(len(a), len(b))
+    diff = (a[:m] != b[:m]) | (qa[:m] != qb[:m])
+    return int(np.argmax(diff)) if diff.any() else m
+
+
+def find_shared(ids: list[np.ndarray], q: list[np.ndarray], group_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(d, L) per completion: the earlier completion of the same group (within WINDOW) with the longest
+    common (id, q) prefix, the nearest on ties; d = L = 0 when none shares a first token."""
+    n = len(ids)
+    d, shared = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    first = [(int(a[0]), int(b[0])) if len(a) else None for a, b in zip(ids, q, strict=True)]
+    start = 0
+    for size in group_sizes.tolist():
+        for i in range(start, start + size):
+            best, best_j = 0, -1
+            for j in range(i - 1, max(start, i - WINDOW) - 1, -1):
+                if first[i] is None or first[i] != first[j]:  # most pairs of long samples: no numpy call
+                    continue
+                lcp = _lcp(ids[i], q[i], ids[j], q[j])
+                if lcp > best:
+                    best, best_j = lcp, j
+                    if lcp == len(ids[i]):
+                        break
+            if best:
+                d[i], shared[i] = i - best_j, best
+        start += size
+    return d, shared
+
+
+def check_sources(d: np.ndarray, shared: np.ndarray, lens: np.ndarray, group_sizes: np.ndarray) -> None:
+    """A source must be an earlier completion of the same group (0 < d <= position in the group), its
+    length at least L, and L = 0 exactly when d = 0."""
+    n = len(lens)
+    pos_in_group = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(group_sizes) - group_sizes, group_sizes)
+    if np.any(d > pos_in_group):
+        raise ProtocolError("schema", "a completion shares a prefix with one outside its group")
+    if np.any((d > 0) != (shared > 0)):
+        raise ProtocolError("schema", "a completion has a source without a shared prefix, or the reverse")
+    if np.any(shared > lens) or np.any(shared > lens[np.arange(n, dtype=np.int64) - d]):
+        raise ProtocolError("length_mismatch", "a shared prefix is longer than its completion or its source")
+
+
+def expand(d: np.ndarray, shared: np.ndarray, lens: np.ndarray, n_literal: int) -> np.ndarray:
+    """Positions into the stream of new tokens for every completion token (completion order), copying each
+    shared prefix from its source. Sources come earlier, so one pass in order resolves chains."""
+    total = int(lens.sum())
+    starts = np.cumsum(lens) - lens
+    pos = np.empty(total, dtype=np.int32 if n_literal < 2**31 else np.int64)
+    lit = 0
+    for i, (di, li, n) in enumerate(zip(d.tolist(), shared.tolist(), lens.tolist(), strict=True)):
+        s = int(starts[i])
+        if li:
+            t = int(starts[i - di])
+            pos[s : s + li] = pos[t : t + li]
+        new = n - li
+        pos[s + li : s + n] = np.arange(lit, lit + new)
+        lit += new
+    if lit != n_literal:  # literal_lengths makes these equal; kept as a guard for direct callers
+        raise ProtocolError("length_mismatch", f"{lit} new tokens, the columns hold {n_literal}")
+    return pos
