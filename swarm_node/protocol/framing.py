@@ -7,6 +7,7 @@ the version's dictionary (zdict.py) and without a dictionary id in its header.
 from __future__ import annotations
 
 import struct
+import threading
 
 import zstandard
 
@@ -23,13 +24,29 @@ MAX_WINDOW = 1 << 27  # zstd's own default ceiling; refuse frames that ask a dec
 _BYTES_PER_BLOCK = 4096  # our encoder never emits blocks this small on average; bounds the block walk
 
 
+_local = threading.local()  # (de)compressors are not thread-safe; one set per thread (intake decodes off the loop)
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    """A cached compressor per level and thread: digesting the dictionary for level 19 costs ~15 ms."""
+    cache = _local.__dict__.setdefault("compressors", {})
+    if level not in cache:
+        cache[level] = zstandard.ZstdCompressor(level=level, dict_data=dictionary(), write_content_size=True,
+                                                write_checksum=False, write_dict_id=False)
+    return cache[level]
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    if not hasattr(_local, "decompressor"):
+        _local.decompressor = zstandard.ZstdDecompressor(dict_data=dictionary(), max_window_size=MAX_WINDOW)
+    return _local.decompressor
+
+
 def frame(body: bytes, level: int = 3) -> bytes:
     """Header + zstd frame of `body` (the frame records its content size, which decode requires)."""
     if len(body) > 0xFFFFFFFF:
         raise ProtocolError("decompressed_too_large", f"body of {len(body)} bytes does not fit a u32")
-    comp = zstandard.ZstdCompressor(level=level, dict_data=dictionary(), write_content_size=True,
-                                    write_checksum=False, write_dict_id=False)
-    return HEADER.pack(MAGIC, MAJOR, MINOR, len(body)) + comp.compress(body)
+    return HEADER.pack(MAGIC, MAJOR, MINOR, len(body)) + _compressor(level).compress(body)
 
 
 def _frame_end(data: bytes, start: int, declared: int) -> int:
@@ -89,8 +106,7 @@ def unframe(data: bytes, limits: DecodeLimits) -> bytes:
     if end != len(data):
         raise ProtocolError("trailing_data", f"{len(data) - end} bytes after the zstd frame")
     try:
-        dctx = zstandard.ZstdDecompressor(dict_data=dictionary(), max_window_size=MAX_WINDOW)
-        body = dctx.decompress(data[HEADER_SIZE:], max_output_size=declared)
+        body = _decompressor().decompress(data[HEADER_SIZE:], max_output_size=declared)
     except zstandard.ZstdError as exc:
         raise ProtocolError("bad_frame", f"zstd: {exc}") from None
     if len(body) != declared:

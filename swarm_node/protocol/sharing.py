@@ -20,34 +20,56 @@ from .errors import ProtocolError
 
 D_SPAN = 16  # the `cs` column holds L * D_SPAN + d, so d < D_SPAN
 WINDOW = D_SPAN - 1  # earlier completions of the group compared against (G = 8-16 in practice): bounds the cost
+BROADCAST_CELLS = 1 << 22  # groups up to this many (pair x position) cells are compared in one numpy call
 
 
-def _lcp(a: np.ndarray, qa: np.ndarray, b: np.ndarray, qb: np.ndarray) -> int:
-    m = min(len(a), len(b))
-    diff = (a[:m] != b[:m]) | (qa[:m] != qb[:m])
-    return int(np.argmax(diff)) if diff.any() else m
+def _group_broadcast(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(d, L) of one group by comparing every pair at once: rows padded with distinct negative values, so
+    padding never matches, and the first mismatch of each pair is its common prefix length."""
+    n = len(keys)
+    lens = np.array([len(k) for k in keys], dtype=np.int64)
+    width = int(lens.max()) + 1
+    m = -np.arange(1, n + 1, dtype=np.int64)[:, None] * np.ones(width, dtype=np.int64)
+    for i, k in enumerate(keys):
+        m[i, : len(k)] = k
+    lcp = np.argmin(m[:, None, :] == m[None, :, :], axis=2)  # a pad differs from everything: never all-equal
+    i, j = np.indices((n, n))
+    lcp[(j >= i) | (i - j > WINDOW)] = 0
+    best = np.argmax(lcp[:, ::-1], axis=1)  # reversed: among equal prefixes the nearest (largest j) wins
+    src = n - 1 - best
+    shared = lcp[np.arange(n), src]
+    return np.where(shared > 0, np.arange(n) - src, 0), shared
+
+
+def _group_pairwise(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The same for groups too large to compare at once: pair by pair, skipping pairs whose first keys differ."""
+    n = len(keys)
+    d, shared = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    first = [int(k[0]) if len(k) else None for k in keys]
+    for i in range(n):
+        for j in range(i - 1, max(0, i - WINDOW) - 1, -1):
+            if first[i] is None or first[i] != first[j]:
+                continue
+            m = min(len(keys[i]), len(keys[j]))
+            diff = keys[i][:m] != keys[j][:m]
+            lcp = int(np.argmax(diff)) if diff.any() else m
+            if lcp > shared[i]:
+                d[i], shared[i] = i - j, lcp
+    return d, shared
 
 
 def find_shared(ids: list[np.ndarray], q: list[np.ndarray], group_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(d, L) per completion: the earlier completion of the same group (within WINDOW) with the longest
     common (id, q) prefix, the nearest on ties; d = L = 0 when none shares a first token."""
-    n = len(ids)
-    d, shared = np.zeros(n, np.int64), np.zeros(n, np.int64)
-    first = [(int(a[0]), int(b[0])) if len(a) else None for a, b in zip(ids, q, strict=True)]
+    keys = [(a.astype(np.int64) << 24) | b for a, b in zip(ids, q, strict=True)]  # id < 2**24, q < 2**24
+    d, shared = np.zeros(len(ids), np.int64), np.zeros(len(ids), np.int64)
     start = 0
     for size in group_sizes.tolist():
-        for i in range(start, start + size):
-            best, best_j = 0, -1
-            for j in range(i - 1, max(start, i - WINDOW) - 1, -1):
-                if first[i] is None or first[i] != first[j]:  # most pairs of long samples: no numpy call
-                    continue
-                lcp = _lcp(ids[i], q[i], ids[j], q[j])
-                if lcp > best:
-                    best, best_j = lcp, j
-                    if lcp == len(ids[i]):
-                        break
-            if best:
-                d[i], shared[i] = i - best_j, best
+        if size > 1:
+            group = keys[start : start + size]
+            width = max(len(k) for k in group) + 1
+            fn = _group_broadcast if size * size * width <= BROADCAST_CELLS else _group_pairwise
+            d[start : start + size], shared[start : start + size] = fn(group)
         start += size
     return d, shared
 
