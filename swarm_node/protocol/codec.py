@@ -105,14 +105,16 @@ def batch_to_body(batch: RolloutBatch, id_layout: int | None = None, limits: Dec
     if any(len(lp) != len(t) for lp, t in zip(lps, tok, strict=True)):
         raise ProtocolError("length_mismatch", "a completion has len(logprobs) != len(token_ids)")
     check_counts(group_sizes, prompt_lens, comp_lens, limits)
-    every = prompts + tok
-    if any(a.size and (int(a.min()) < 0 or int(a.max()) >= vocab) for a in every):
-        raise ProtocolError("id_out_of_range", f"token ids must be in [0, {vocab})")
-    for lp in lps:
-        if not np.all(np.isfinite(lp)):
-            raise ProtocolError("logprob_not_finite", "a log-prob is NaN or infinite")
-    qs = [col.quantize_logprobs(lp, LOGPROB_SCALE_BITS) for lp in lps]
-    if any(q.size and int(q.min()) < 0 for q in qs):
+    empty = np.zeros(0, np.int64)
+    all_tok = np.concatenate(tok) if tok else empty
+    for a in (np.concatenate(prompts) if prompts else empty, all_tok):
+        if a.size and (int(a.min()) < 0 or int(a.max()) >= vocab):
+            raise ProtocolError("id_out_of_range", f"token ids must be in [0, {vocab})")
+    all_lp = np.concatenate(lps) if lps else np.zeros(0)
+    if not np.all(np.isfinite(all_lp)):
+        raise ProtocolError("logprob_not_finite", "a log-prob is NaN or infinite")
+    all_q = col.quantize_logprobs(all_lp, LOGPROB_SCALE_BITS)
+    if all_q.size and int(all_q.min()) < 0:
         raise ProtocolError("logprob_positive", "a log-prob is > 1/128 (log-probs must be <= 0)")
     try:
         rewards = np.array([float(c.reward) for c in comps], dtype="<f8")
@@ -121,11 +123,15 @@ def batch_to_body(batch: RolloutBatch, id_layout: int | None = None, limits: Dec
     check_rewards(rewards)
     r_table, r_index = _reward_table(rewards)
     templates, t_index, numbers = pid_codec.encode_ids(pids)
-    d, shared = sharing.find_shared(tok, qs, group_sizes)
-    new_tok = [t[s:] for t, s in zip(tok, shared.tolist(), strict=True)]
-    new_q = [q[s:] for q, s in zip(qs, shared.tolist(), strict=True)]
-    ids = np.concatenate(prompts + new_tok) if prompts or new_tok else np.zeros(0, np.int64)
-    q = np.concatenate(new_q) if new_q else np.zeros(0, np.int64)
+    cut = np.cumsum(comp_lens)[:-1]
+    keys = np.split((all_tok << 24) | all_q, cut) if comps else []  # id < 2**24 and q < 2**24: one int64 each
+    d, shared = sharing.find_shared(keys, group_sizes)
+    starts = np.cumsum(comp_lens) - comp_lens
+    keep = np.ones(all_tok.size, dtype=bool)  # the tokens after each completion's shared prefix
+    for st, sh in zip(starts[shared > 0].tolist(), shared[shared > 0].tolist(), strict=True):
+        keep[st : st + sh] = False
+    ids = np.concatenate([*prompts, all_tok[keep]]) if prompts or comps else empty
+    q = all_q[keep]
     id_layout, ranked, palette, indices = build_palette(ids, id_layout)
     rw_width = col.packed_width(len(r_table))
     return {

@@ -58,11 +58,11 @@ def _group_pairwise(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return d, shared
 
 
-def find_shared(ids: list[np.ndarray], q: list[np.ndarray], group_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(d, L) per completion: the earlier completion of the same group (within WINDOW) with the longest
-    common (id, q) prefix, the nearest on ties; d = L = 0 when none shares a first token."""
-    keys = [(a.astype(np.int64) << 24) | b for a, b in zip(ids, q, strict=True)]  # id < 2**24, q < 2**24
-    d, shared = np.zeros(len(ids), np.int64), np.zeros(len(ids), np.int64)
+def find_shared(keys: list[np.ndarray], group_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(d, L) per completion, from one int64 key per token (id << 24 | quantized log-prob): the earlier
+    completion of the same group (within WINDOW) with the longest common prefix of keys, the nearest on
+    ties; d = L = 0 when none shares a first token."""
+    d, shared = np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64)
     start = 0
     for size in group_sizes.tolist():
         if size > 1:
