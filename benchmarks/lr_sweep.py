@@ -42,7 +42,9 @@ def default_of(arm: str) -> float:
     return preset.lr_lora if arm.endswith("lora") else preset.lr_full
 
 
-def run_one(arm: str, lr: float, seed: int, rounds: int, prompts: int, eval_n: int, state_dir: Path) -> dict:
+def run_one(arm: str, lr: float, seed: int, rounds: int, prompts: int, eval_n: int, state_dir: Path,
+            start: dict | None = None) -> dict:
+    """One run; `start` caches the scores of the preset as loaded (greedy, so the same for every rate and seed)."""
     from swarm_node.config import NodeConfig
     from swarm_node.evaluation import score_prompts
     from swarm_node.node.grpo_node import GRPONode
@@ -66,7 +68,11 @@ def run_one(arm: str, lr: float, seed: int, rounds: int, prompts: int, eval_n: i
             out[split] = {"accuracy": sum(hits) / len(hits), "hits": hits}  # as `swarm-node eval`: 8 new tokens
         return out
 
-    before = scored()
+    if start is None or arm not in start:
+        before = scored()
+        if start is not None:
+            start[arm] = before
+    before = start[arm] if start is not None else before
     t0 = time.perf_counter()
     for _ in range(rounds):
         node.run_round()
@@ -157,12 +163,13 @@ def main() -> None:
     rounds = args.rounds or (20 if args.quick else 40)
     eval_n = args.eval_n or (200 if args.quick else 400)
     grid = QUICK_GRID if args.quick else GRID
-    rows = []
+    rows: list[dict] = []
+    start: dict = {}
     for arm in args.arms.split(","):
         for lr in [float(x) for x in args.lrs.split(",")] if args.lrs else grid[arm]:
             for seed in range(1, args.seeds + 1):
                 with tempfile.TemporaryDirectory() as tmp:
-                    r = run_one(arm, lr, seed, rounds, args.prompts, eval_n, Path(tmp))
+                    r = run_one(arm, lr, seed, rounds, args.prompts, eval_n, Path(tmp), start)
                 rows.append(r)
                 print(f"{arm} lr={lr:g} seed={seed}: id {r['before_id']:.3f} -> {r['after_id']:.3f}, ood "
                       f"{r['before_ood']:.3f} -> {r['after_ood']:.3f} ({r['seconds']} s)", flush=True)
