@@ -1,35 +1,52 @@
-"""Learning-rate sweep per preset: held-out accuracy gain of a node training alone, over several seeds.
+"""Learning-rate sweep per preset: held-out accuracy of a node training alone, over several seeds.
 
 For each arm (tiny-s full, tiny-s LoRA, tiny-m full) and learning rate, runs the real GRPO round loop
 (`GRPONode`, on-policy, alone) for --rounds rounds from the preset and measures greedy accuracy on the
-held-out `id` split before and after. Prints the mean gain over seeds with its standard error (seeds are
-paired across learning rates: the same prompts and sampling seeds, so the best rate's advantage over each
-other rate comes with a paired standard error), and the best learning rate per arm.
+held-out `id` split and on `ood` (docs/tasks.md) before and after. Seeds are paired across learning rates
+(the same prompts and sampling seeds), so each rate is compared with the preset's current default
+(`models.presets`) by the per-seed difference of end accuracies, with a standard error that takes the
+larger of the seed-to-seed spread and the per-problem paired SE (`runs.stats.combined_se`); a rate is
+called better or worse only beyond two SEs, else "cannot tell".
 
-    python benchmarks/lr_sweep.py --quick --seeds 3
+One (arm, rate) per process keeps each job short enough for a shared machine; --merge prints the table:
+
+    python benchmarks/lr_sweep.py --arms tiny-s --lrs 1e-5 --seeds 3 --json out/tiny-s-1e-5.json
+    python benchmarks/lr_sweep.py --merge out/*.json
+    python benchmarks/lr_sweep.py --quick          # 2 rates per arm, 20 rounds, n=200: a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from swarm_node.models.presets import PRESETS
+from swarm_node.runs.stats import combined_se, fmt_ms, mean_std, paired_se, verdict
+
 GRID = {
-    "tiny-s": [1e-5, 3e-5, 1e-4, 3e-4],
-    "tiny-s-lora": [1e-4, 3e-4, 1e-3, 3e-3],
-    "tiny-m": [1e-5, 3e-5, 1e-4, 3e-4],
+    "tiny-s": [1e-5, 3e-5, 1e-4],
+    "tiny-s-lora": [1e-4, 3e-4, 1e-3],
+    "tiny-m": [1e-5, 3e-5, 1e-4],
 }
 QUICK_GRID = {"tiny-s": [3e-5, 1e-4], "tiny-s-lora": [3e-4, 1e-3], "tiny-m": [3e-5, 1e-4]}
+SPLITS = ("id", "ood")
 
 
-def run_one(arm: str, lr: float, seed: int, rounds: int, prompts: int, eval_n: int, state_dir: Path) -> dict:
+def default_of(arm: str) -> float:
+    preset = PRESETS["tiny-m" if arm == "tiny-m" else "tiny-s"]
+    return preset.lr_lora if arm.endswith("lora") else preset.lr_full
+
+
+def run_one(arm: str, lr: float, seed: int, rounds: int, prompts: int, eval_n: int, state_dir: Path,
+            start: dict | None = None) -> dict:
+    """One run; `start` caches the scores of the preset as loaded (greedy, so the same for every rate and seed)."""
     from swarm_node.config import NodeConfig
+    from swarm_node.evaluation import score_prompts
     from swarm_node.node.grpo_node import GRPONode
 
     cfg = NodeConfig.model_validate({
@@ -42,71 +59,123 @@ def run_one(arm: str, lr: float, seed: int, rounds: int, prompts: int, eval_n: i
     })
     torch.manual_seed(seed)
     node = GRPONode(cfg, state_dir)
-    before = node.evaluate()["accuracy"]
+
+    def scored() -> dict:
+        out = {}
+        for split in SPLITS:
+            hits, _ = score_prompts(node.loaded.model, node.tok, node.task, node.task.eval_prompts(split, eval_n),
+                                    max_new_tokens=8, batch_size=64, encode=node.prompts.encode)
+            out[split] = {"accuracy": sum(hits) / len(hits), "hits": hits}  # as `swarm-node eval`: 8 new tokens
+        return out
+
+    if start is None or arm not in start:
+        before = scored()
+        if start is not None:
+            start[arm] = before
+    before = start[arm] if start is not None else before
     t0 = time.perf_counter()
     for _ in range(rounds):
         node.run_round()
-    after = node.evaluate()["accuracy"]
-    return {"arm": arm, "lr": lr, "seed": seed, "before": before, "after": after, "gain": after - before,
-            "seconds": round(time.perf_counter() - t0, 1)}
+    seconds = round(time.perf_counter() - t0, 1)
+    after = scored()
+    return {"arm": arm, "lr": lr, "seed": seed, "rounds": rounds, "prompts": prompts, "eval_n": eval_n,
+            "model_sha256": node.loaded.meta.get("sha256"), "seconds": seconds,
+            **{f"before_{s}": before[s]["accuracy"] for s in SPLITS},
+            **{f"after_{s}": after[s]["accuracy"] for s in SPLITS},
+            **{f"hits_{s}": after[s]["hits"] for s in SPLITS}}
 
 
 def summarize(rows: list[dict]) -> dict:
+    """Per arm and rate: end accuracy and gain (mean, std over seeds), and the paired difference from the
+    preset's default rate (mean over seeds, combined SE, verdict)."""
     out: dict = {}
     for arm in dict.fromkeys(r["arm"] for r in rows):
-        per_lr = {}
-        for lr in sorted({r["lr"] for r in rows if r["arm"] == arm}):
-            gains = np.array([r["gain"] for r in rows if r["arm"] == arm and r["lr"] == lr])
-            se = float(gains.std(ddof=1) / math.sqrt(len(gains))) if len(gains) > 1 else float("nan")
-            per_lr[lr] = {"mean_gain": float(gains.mean()), "se": se, "n": len(gains)}
-        best = max(per_lr, key=lambda k: per_lr[k]["mean_gain"])
-        by_seed = {(r["lr"], r["seed"]): r["gain"] for r in rows if r["arm"] == arm}
-        for lr, v in per_lr.items():  # paired by seed: the same prompts and sampling seeds at every rate
-            d = np.array([by_seed[(best, s)] - by_seed[(lr, s)] for (x, s) in by_seed if x == lr and (best, s) in by_seed])
-            v["best_minus_this"] = float(d.mean()) if len(d) else float("nan")
-            v["paired_se"] = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
-        out[arm] = {"by_lr": per_lr, "best_lr": best}
+        mine = [r for r in rows if r["arm"] == arm]
+        base_lr = default_of(arm)
+        by_key = {(r["lr"], r["seed"]): r for r in mine}
+        per_lr: dict = {}
+        for lr in sorted({r["lr"] for r in mine}):
+            runs = [r for r in mine if r["lr"] == lr]
+            v: dict = {"seeds": sorted(r["seed"] for r in runs)}
+            for s in SPLITS:
+                v[f"end_{s}"] = mean_std([r[f"after_{s}"] for r in runs])
+                v[f"gain_{s}"] = mean_std([r[f"after_{s}"] - r[f"before_{s}"] for r in runs])
+                pairs = [(r, by_key[(base_lr, r["seed"])]) for r in runs if (base_lr, r["seed"]) in by_key]
+                if lr != base_lr and pairs:
+                    diffs = [a[f"after_{s}"] - b[f"after_{s}"] for a, b in pairs]
+                    se = combined_se([paired_se(a[f"hits_{s}"], b[f"hits_{s}"]) for a, b in pairs], diffs)
+                    d = sum(diffs) / len(diffs)
+                    v[f"vs_default_{s}"] = {"diff": d, "se": se, "n": len(pairs), "verdict": verdict(d, se)}
+            per_lr[lr] = v
+        better = [lr for lr, v in per_lr.items() if v.get("vs_default_id", {}).get("verdict") == "higher"]
+        pick = max(better, key=lambda lr: per_lr[lr]["vs_default_id"]["diff"]) if better else base_lr
+        out[arm] = {"default_lr": base_lr, "by_lr": per_lr, "pick": pick,
+                    "decided": bool(better) or all(v.get("vs_default_id", {}).get("verdict") == "lower"
+                                                   for lr, v in per_lr.items() if lr != base_lr)}
     return out
+
+
+def fmt_gain(ms: tuple[float, float]) -> str:
+    return f"{ms[0]:+.3f} +- {ms[1]:.3f}"
+
+
+def print_table(rows: list[dict]) -> None:
+    summary = summarize(rows)
+    r0 = rows[0]
+    seeds = sorted({r["seed"] for r in rows})
+    print(f"\n{r0['rounds']} rounds x {r0['prompts']} prompts x 8 samples, alone, on-policy; held-out id and ood, "
+          f"n={r0['eval_n']}; seeds {seeds}; mean +- std over seeds; vs default = paired difference of end "
+          "accuracy (combined SE)")
+    print("| preset | learning rate | start id | end id | gain id | end ood | gain ood | id vs default | ood vs default |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for arm, s in summary.items():
+        for lr, v in s["by_lr"].items():
+            start = mean_std([r["before_id"] for r in rows if r["arm"] == arm and r["lr"] == lr])[0]
+            mark = " (default)" if lr == s["default_lr"] else ""
+
+            def vs(split: str, v: dict = v) -> str:
+                c = v.get(f"vs_default_{split}")
+                return "-" if c is None else f"{c['diff']:+.3f} ({c['se']:.3f}) {c['verdict']}"
+
+            print(f"| {arm} | {lr:g}{mark} | {start:.3f} | {fmt_ms(v['end_id'])} | {fmt_gain(v['gain_id'])} | "
+                  f"{fmt_ms(v['end_ood'])} | {fmt_gain(v['gain_ood'])} | {vs('id')} | {vs('ood')} |")
+    for arm, s in summary.items():
+        word = f"{s['pick']:g}" + ("" if s["decided"] else " (kept: cannot tell)")
+        print(f"{arm}: default {s['default_lr']:g} -> {word}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="two learning rates per arm, 20 rounds, eval on 200")
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=3, help="seeds 1..n")
     ap.add_argument("--arms", default="tiny-s,tiny-s-lora,tiny-m")
-    ap.add_argument("--rounds", type=int, default=None, help="default: 60 (20 with --quick)")
+    ap.add_argument("--lrs", default=None, help="comma-separated rates for every arm given (default: the grid)")
+    ap.add_argument("--rounds", type=int, default=None, help="default: 40 (20 with --quick)")
     ap.add_argument("--prompts", type=int, default=16, help="prompts per round (the demo's 16)")
     ap.add_argument("--eval-n", type=int, default=None, help="default: 400 (200 with --quick)")
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="write the rows (with per-problem hits) here")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, help="print the table of earlier --json files")
     args = ap.parse_args()
+    if args.merge:
+        print_table([r for f in args.merge for r in json.loads(f.read_text())["rows"]])
+        return
     torch.set_num_threads(1)
-    rounds = args.rounds or (20 if args.quick else 60)
+    rounds = args.rounds or (20 if args.quick else 40)
     eval_n = args.eval_n or (200 if args.quick else 400)
     grid = QUICK_GRID if args.quick else GRID
-    rows = []
-    import tempfile
-
+    rows: list[dict] = []
+    start: dict = {}
     for arm in args.arms.split(","):
-        for lr in grid[arm]:
-            for seed in range(args.seeds):
+        for lr in [float(x) for x in args.lrs.split(",")] if args.lrs else grid[arm]:
+            for seed in range(1, args.seeds + 1):
                 with tempfile.TemporaryDirectory() as tmp:
-                    r = run_one(arm, lr, seed + 1, rounds, args.prompts, eval_n, Path(tmp))
+                    r = run_one(arm, lr, seed, rounds, args.prompts, eval_n, Path(tmp), start)
                 rows.append(r)
-                print(f"{arm} lr={lr:g} seed={r['seed']}: {r['before']:.3f} -> {r['after']:.3f} "
-                      f"({r['gain']:+.3f}, {r['seconds']} s)", flush=True)
-    summary = summarize(rows)
-    print(f"\n{rounds} rounds x {args.prompts} prompts x 8 samples, alone, on-policy; held-out id split, n={eval_n}; "
-          f"{args.seeds} seeds")
-    print("| preset | learning rate | mean gain | SE over seeds | best minus this (paired SE) |")
-    print("|---|---|---|---|---|")
-    for arm, s in summary.items():
-        for lr, v in s["by_lr"].items():
-            mark = " (best)" if lr == s["best_lr"] else ""
-            diff = "-" if lr == s["best_lr"] else f"{v['best_minus_this']:+.3f} ({v['paired_se']:.3f})"
-            print(f"| {arm} | {lr:g}{mark} | {v['mean_gain']:+.3f} | {v['se']:.3f} | {diff} |")
-    if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "summary": {a: {**s, "by_lr": {str(k): v for k, v in s["by_lr"].items()}}
-                                                                  for a, s in summary.items()}}, indent=1))
+                print(f"{arm} lr={lr:g} seed={seed}: id {r['before_id']:.3f} -> {r['after_id']:.3f}, ood "
+                      f"{r['before_ood']:.3f} -> {r['after_ood']:.3f} ({r['seconds']} s)", flush=True)
+                if args.json:  # after every run, so a killed job keeps what it measured
+                    args.json.write_text(json.dumps({"rows": rows}))
+    print_table(rows)
 
 
 if __name__ == "__main__":

@@ -44,29 +44,34 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny-s")
     ap.add_argument("--quick", action="store_true", help="100 warm-up steps instead of the full schedule")
+    ap.add_argument("--steps", type=int, default=0, help="stop the warm-up after this many steps (0: the full schedule)")
     ap.add_argument("--seeds", type=int, default=1, help="builds per arm (seeds 0..n-1)")
     ap.add_argument("--threads", default="1", help="comma-separated torch thread counts to compare")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    steps = 100 if args.quick else 0
+    steps = 100 if args.quick else args.steps
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
         for seed in range(args.seeds):
+            load_idle = os.getloadavg()[0]
             idle = build(args.preset, threads, seed, steps)
             spin = subprocess.Popen([sys.executable, "-c", SPIN])
             try:
                 time.sleep(0.5)
+                load_busy = os.getloadavg()[0]
                 busy = build(args.preset, threads, seed, steps)
             finally:
                 spin.kill()
                 spin.wait()
             rows.append({"threads": threads, "seed": seed, "idle_s": idle["seconds"], "busy_s": busy["seconds"],
                          "busy_over_idle": busy["seconds"] / idle["seconds"],
-                         "same_sha256": idle["sha256"] == busy["sha256"], "sha256": idle["sha256"][:16]})
+                         "same_sha256": idle["sha256"] == busy["sha256"], "sha256": idle["sha256"][:16],
+                         "sha256_busy": busy["sha256"][:16], "load_before_idle": load_idle, "load_before_busy": load_busy})
             r = rows[-1]
             print(f"{args.preset} threads={threads} seed={seed}: idle {r['idle_s']:.1f} s, one core busy "
                   f"{r['busy_s']:.1f} s (x{r['busy_over_idle']:.2f}), sha256 equal: {r['same_sha256']} "
-                  f"({r['sha256']})", flush=True)
+                  f"({r['sha256']} / {r['sha256_busy']}; load average before each build {load_idle:.1f} / {load_busy:.1f})",
+                  flush=True)
     print(f"cores: {os.cpu_count()}, load average at the end: {os.getloadavg()[0]:.1f} "
           "(a loaded machine makes every time noisy; compare ratios within one run)")
     if args.json:

@@ -101,7 +101,8 @@ class TaskConfig(_Section):
     answer_field: str = Field("answer", description="files: the record field with the reference answer")
     reward: str | None = Field(None, description="files: reward function 'module:function' (completion, answer) -> [0, 1]; None: exact match")
     prompts_per_round: int = Field(8, ge=1, description="own prompts sampled per round (each gets G completions)")
-    eval_split: Literal["id", "ood", "ood3"] = Field("id", description="split used by the periodic eval (arithmetic: id, ood, ood3; docs/tasks.md)")
+    eval_split: Literal["id", "ood", "ood_formats", "ood3"] = Field(
+        "id", description="split used by the periodic eval (arithmetic: id, ood, ood_formats, ood3; docs/tasks.md)")
     eval_n: int = Field(200, ge=1, description="eval prompts (greedy decoding)")
     seed: int = Field(0, description="mixed with the node seed to draw this node's prompts")
 

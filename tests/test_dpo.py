@@ -340,6 +340,7 @@ def test_run_dpo_node_alone_writes_metrics(tok, tmp_path) -> None:
             "spectral_gap", "neighbours", "missing_neighbours"}
     assert need <= set(rows[0])
     assert rows[0]["user"] == 2 and rows[0]["neighbours"] == [] and rows[0]["bytes_sent"] == 0
+    assert rows[0]["model"]["path"] == str(model_dir) and "model" not in rows[1]  # the round-0 row names the model
     assert rows[1]["heldout_pref_acc"] is None and rows[2]["heldout_pref_acc"] is not None  # eval_every=2, last
 
 

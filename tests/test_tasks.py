@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from pathlib import Path
@@ -70,15 +71,37 @@ def test_arith_held_out_disjoint(arith: ArithmeticTask) -> None:
     ood3 = arith.eval_prompts("ood3", 300)
     assert len({p.id for p in ood3}) == 300
     assert all(int(x) >= 100 for p in ood3 for x in p.text[:-1].replace("-", "+").split("+"))
-    ood = arith.eval_prompts("ood", 300)
-    assert len({p.text for p in ood}) == 300
     train_texts = {p.text for p in train}
-    assert not train_texts & {p.text for p in ood}  # formats training never shows
+    for split in ("ood", "ood_formats"):
+        ood = arith.eval_prompts(split, 300)
+        assert len({p.text for p in ood}) == 300
+        assert not train_texts & {p.text for p in ood}  # formats training never shows
+
+
+def test_arith_ood_is_held_out_problems_with_a_sign(arith: ArithmeticTask) -> None:
+    """ood: the i-th held-out id problem with a leading "+", a notation no training prompt has."""
+    ood, held = arith.eval_prompts("ood", 2000), arith.eval_prompts("id", 2000)
+    assert len(ood) == len(held) > 1500
+    assert [p.text for p in ood] == ["+" + p.text for p in held] and [p.answer for p in ood] == [p.answer for p in held]
+    for p in ood:
+        assert str(eval(p.text[:-1])) == p.answer, p  # noqa: S307 (test-only, digits and +/- only)
+        assert arith.prompt_from_id(p.id) is None and arith.is_held_out(p.id)
+    # Never trained on: no training or warm-up prompt starts with a sign, and the underlying problems are the
+    # held-out ones (a peer cannot smuggle them in under their id-split id either).
+    rng = np.random.default_rng(11)
+    train = [p.text for p in arith.train_prompts(20_000, rng)] + [t for t, _ in arith.sft_examples(5000, rng)]
+    assert all(t[0].isdigit() for t in train)
+    assert not {t[1:] for t in (p.text for p in ood)} & set(train)
+    assert all(arith.prompt_from_id(f"arith:id:{p.text[1:-1]}") is None for p in ood[:200])
+    # The order is part of the split's definition: published figures are on its first n problems.
+    assert [p.text for p in ood[:4]] == ["+25-98=", "+11-22=", "+0+48=", "+14-25="]
+    digest = hashlib.sha256("\n".join(p.text + p.answer for p in ood[:400]).encode()).hexdigest()
+    assert digest[:16] == "9cd7aa921f47dd02"
 
 
 def test_arith_ood_formats() -> None:
-    """ood: spaced ("12 + 7 =") and chained ("3+8-5=") problems take turns, with correct answers."""
-    ood = ArithmeticTask().eval_prompts("ood", 200)
+    """ood_formats (the earlier ood): spaced ("12 + 7 =") and chained ("3+8-5=") problems take turns."""
+    ood = ArithmeticTask().eval_prompts("ood_formats", 200)
     spaced, chained = ood[0::2], ood[1::2]
     assert all(" " in p.text and p.text.endswith(" =") for p in spaced)
     assert all(" " not in p.text and len(p.text) == 6 for p in chained)
@@ -91,7 +114,7 @@ def test_arith_ood_formats() -> None:
 
 def test_arith_eval_deterministic() -> None:
     a, b = ArithmeticTask(seed=0), ArithmeticTask(seed=123)
-    for split in ("id", "ood", "ood3"):
+    for split in ("id", "ood", "ood_formats", "ood3"):
         assert a.eval_prompts(split, 50) == b.eval_prompts(split, 50)
         assert a.eval_prompts(split, 20) == a.eval_prompts(split, 50)[:20]  # fixed order: prefixes agree
     first = a.eval_prompts("id", 20)
@@ -120,7 +143,7 @@ def test_arith_train_reproducible(arith: ArithmeticTask) -> None:
 def test_arith_prompt_from_id(arith: ArithmeticTask) -> None:
     for p in arith.train_prompts(100, np.random.default_rng(5)):
         assert arith.prompt_from_id(p.id) == p
-    for p in arith.eval_prompts("id", 50) + arith.eval_prompts("ood", 10):
+    for p in arith.eval_prompts("id", 50) + arith.eval_prompts("ood", 10) + arith.eval_prompts("ood_formats", 10):
         assert arith.prompt_from_id(p.id) is None  # eval problems never enter training via a peer
         assert arith.is_held_out(p.id)
     junk = [

@@ -19,8 +19,9 @@ DEFAULT_MAX_NEW_TOKENS = {"arithmetic": 8, "gsm8k": 64, "reasoning_gym": 16, "fi
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="saved model directory, a node's --state-dir, hub id, or preset name (tiny-s, tiny-m)")
     p.add_argument("--task", default="arithmetic", choices=sorted(DEFAULT_MAX_NEW_TOKENS))
-    p.add_argument("--split", default="id", choices=["id", "ood", "ood3"],
-                   help="eval split: arithmetic has id, ood (unseen formats), ood3 (3-digit operands); others only id")
+    p.add_argument("--split", default="id", choices=["id", "ood", "ood_formats", "ood3"],
+                   help="eval split: arithmetic has id, ood ('+12-7=': an unseen leading sign), ood_formats (spaced and "
+                        "chained), ood3 (3-digit operands); others only id")
     p.add_argument("--n", type=int, default=200, help="number of eval prompts (the first n of the split)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="default: 8 for arithmetic, 64 for gsm8k")
     p.add_argument("--data-path", default=None, help="gsm8k: JSONL or parquet file")

@@ -196,6 +196,8 @@ class DPONode:
             "peer_id": me,
             "seconds": round(time.time() - t0, 3),
         }
+        if r == 0:  # as GRPO's round-0 row: which model this run started from (the preset's weights hash)
+            row["model"] = self.loaded.info()
         self.last_stats = stats
         self.neighbours = res.present
         self.round = r + 1

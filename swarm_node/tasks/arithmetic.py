@@ -7,11 +7,15 @@ Splits:
   * "id"  - a, b in 0..99 with + or - (answers may be negative, e.g. "3-15=" -> "-12").
             About 10% of these problems are held out for evaluation, chosen by a hash of the problem,
             so every node holds out the same ones without coordination; training never sees them.
-  * "ood" - formats the warm-up and training never show, in equal turns:
-            "spaced"  "12 + 7 =": the id problems with spaces around the operator and "=";
-            "chained" "3+8-5=": three one-digit operands joined by + or -.
-            The presets start between 5% and 40% here (docs/tasks.md), so out-of-distribution gains can
-            be measured; never trained on (prompt_from_id refuses every ood id).
+  * "ood" - the held-out id problems with an explicit plus sign on the first operand, "+12-7=": a
+            notation neither the warm-up nor training ever shows (every training prompt starts with a
+            digit; here every character sits one position later). The i-th ood problem is "+" and the
+            i-th id eval problem, so neither the problem nor the notation was ever trained on. Both
+            presets start between 5% and 40% here (docs/results.md), so in- and out-of-distribution
+            gains can both be measured; prompt_from_id refuses every ood id.
+  * "ood_formats" - the previous ood split, kept so older figures can be reproduced: spaced
+            "12 + 7 =" and chained "3+8-5=" problems in equal turns (tiny-m starts at 0.138, tiny-s at
+            0.01: below the 5% floor).
   * "ood3"  - a, b in 100..999 (3-digit operands): every model scores ~0 here, kept for comparison.
 
 Prompt ids are self-describing ("arith:id:12+7"), so any node rebuilds the prompt and answer from the
@@ -65,7 +69,7 @@ class ArithmeticTask(Task):
     """a+b / a-b with a binary exact-match reward."""
 
     task_id = "arithmetic-v1"
-    splits = ("id", "ood", "ood3")
+    splits = ("id", "ood", "ood_formats", "ood3")
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed  # default stream for sft_examples when no rng is given
@@ -115,6 +119,11 @@ class ArithmeticTask(Task):
         held.sort(key=lambda p: _hash_int(f"order:{p[0]}{p[1]}{p[2]}"))
         return [_make("id", *p) for p in held]
 
+    def _ood_signed(self, n: int) -> list[Prompt]:
+        """The i-th id eval problem with a leading "+": same order, so any prefix is the same on every node."""
+        return [Prompt(id=f"arith:ood:{i}", text="+" + p.text, answer=p.answer)
+                for i, p in enumerate(self._id_eval[: max(n, 0)])]
+
     def _ood_formats(self, n: int) -> list[Prompt]:
         """Spaced and chained problems take turns; the i-th of each is a pure function of i."""
         def spaced(h: int) -> tuple[str, int]:
@@ -139,7 +148,7 @@ class ArithmeticTask(Task):
         for k in range(max(len(streams[0]), len(streams[1]))):
             for s in streams:
                 if k < len(s) and len(out) < n:
-                    out.append(Prompt(id=f"arith:ood:{len(out)}", text=s[k][0], answer=str(s[k][1])))
+                    out.append(Prompt(id=f"arith:ood_formats:{len(out)}", text=s[k][0], answer=str(s[k][1])))
         return out
 
     def _ood_eval(self, n: int) -> list[Prompt]:
@@ -164,6 +173,8 @@ class ArithmeticTask(Task):
         if split == "id":
             return self._id_eval[: max(n, 0)]
         if split == "ood":
+            return self._ood_signed(n)
+        if split == "ood_formats":
             return self._ood_formats(max(n, 0))
         if split == "ood3":
             return self._ood_eval(max(n, 0))
@@ -200,5 +211,5 @@ class ArithmeticTask(Task):
             else None
         )
         if m is None:
-            return isinstance(prompt_id, str) and re.fullmatch(r"arith:ood:(0|[1-9][0-9]{0,5})", prompt_id) is not None
+            return isinstance(prompt_id, str) and re.fullmatch(r"arith:(ood|ood_formats):(0|[1-9][0-9]{0,5})", prompt_id) is not None
         return m.group(1) != "id" or _is_held_out(int(m.group(2)), m.group(3), int(m.group(4)))
