@@ -21,7 +21,13 @@ from swarm_node.evaluation import evaluate
 from swarm_node.generation import make_generator
 from swarm_node.generation.prompts import PromptEncoder
 from swarm_node.models.loading import LoadedModel, enable_gradient_checkpointing, load_model
-from swarm_node.node.checkpoint import model_record, restore_newest, save_checkpoint
+from swarm_node.node.checkpoint import (
+    CheckpointWriteError,
+    failed_save_line,
+    model_record,
+    restore_newest,
+    save_checkpoint,
+)
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress
@@ -85,6 +91,7 @@ class GRPONode:
         self.metrics = MetricsWriter.from_config(self.state_dir, cfg, node_name=self.loaded.name)
         self.round = 0
         self.saved_round = 0  # round 0 = the model as loaded; never worth a checkpoint
+        self.checkpoint_failures = 0  # saves that failed (disk full...); the node keeps training
         self.swarm = None
         self.first_exchange = False
         self.limits = receive_limits(cfg)
@@ -110,13 +117,24 @@ class GRPONode:
         self.generator.sync_weights(self.loaded.model)  # built before the weights were restored
         log.info("resumed from %s: continuing at round %d", ck.path, self.round + 1)
 
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> bool:
+        """Save the current round; False (logged in one line, counted) if the write failed, e.g. disk full.
+
+        A failed save leaves the previous checkpoint in place and nothing half-written; the next due save
+        tries again.
+        """
         if self.saved_round == self.round:  # nothing new since the last save
-            return
+            return True
+        try:
+            save_checkpoint(self.state_dir, self.round, self.loaded.model, self.trainer.state_dict(),
+                            model_record(self.loaded, self.cfg.model.lora),
+                            self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
+        except CheckpointWriteError as exc:
+            self.checkpoint_failures += 1
+            log.error("%s", failed_save_line(self.state_dir, self.round, exc))
+            return False
         self.saved_round = self.round
-        save_checkpoint(self.state_dir, self.round, self.loaded.model, self.trainer.state_dict(),
-                        model_record(self.loaded, self.cfg.model.lora),
-                        self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
+        return True
 
     def join_swarm(self) -> None:
         from swarm_node.swarm import PeerInfo, SwarmNode
@@ -245,6 +263,7 @@ class GRPONode:
         t = self.cfg.training
         lr_now = self.trainer.lr * lr_factor(t.lr_schedule, r - 1, t.warmup_rounds, self.cfg.rounds)
         set_lr(self.trainer.optimizer, lr_now)
+        log.debug("round %d: training step on %d external groups", r, len(external))  # fault tests watch this
         try:
             res = self.trainer.step(local.train_groups() + external)
         except torch.OutOfMemoryError:
@@ -283,6 +302,7 @@ class GRPONode:
             "external_groups_by_peer": swarm_info["external_by_peer"],
             "rejected": swarm_info["rejected"],
             "rewards_overridden": swarm_info["rewards_overridden"],
+            "checkpoint_failures": self.checkpoint_failures,
             "bytes_out": swarm_info["bytes_out"],
             "bytes_in": swarm_info["bytes_in"],
             "time": time.time(),
@@ -338,7 +358,10 @@ def run_grpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> 
                 node.checkpoint()
         if stop:
             log.info("%s received: stopping after round %d", stop.signal_name, node.round)
-        node.checkpoint()
+        if not node.checkpoint():
+            log.error("exiting without a checkpoint of round %d (see above): a restart resumes from the one "
+                      "named there", node.round)
+            return 1
     finally:
         progress.close()
         node.close()
