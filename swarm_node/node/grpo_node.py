@@ -143,6 +143,7 @@ class GRPONode:
                         task_id=self.task.task_id)
         self.swarm = SwarmNode(self.cfg.swarm, info, logger=logging.getLogger("swarm_node.swarm"))
         self.swarm.set_accept(self._accepts_peer)  # before start: pushes and downloads only from usable peers
+        self.swarm.set_validate(self._check_payload)  # decode + wire checks on the swarm's decode thread
         self.swarm.start()
         self.swarm.set_round(self.round)
         self.first_exchange = True
@@ -170,6 +171,21 @@ class GRPONode:
         samples = self.generator.generate(ids, g.num_generations, max_new_tokens=g.max_new_tokens,
                                           temperature=g.temperature, seed=self.cfg.seed * 1_000_003 + round_)
         return LocalRollouts(prompts, ids, samples, score(self.task, self.tok, prompts, samples))
+
+    def _check_payload(self, payload: bytes, round_: int) -> tuple[object, str | None, str]:
+        """Decode a peer's batch and check it is the announced round -> (batch, None, "") or (None, reason, detail).
+
+        Called by the swarm on its decode thread as each download completes (so a payload that is slow to
+        decode never delays a round), and here for batches that arrive without it. Pure protocol code: no
+        model, no tokenizer, so it is safe off the round loop.
+        """
+        try:
+            decoded = decode_batch(payload, self.limits)
+        except ProtocolError as exc:
+            return None, f"protocol:{exc.reason}", str(exc)
+        if decoded.round != round_:  # the payload must be what the announcement said
+            return None, "round_mismatch", f"payload says round {decoded.round}, announced {round_}"
+        return decoded, None, ""
 
     def _accepts_peer(self, m) -> bool:
         return m.mode == "grpo" and m.task_id == self.task.task_id and m.tokenizer_fp == self.loaded.tokenizer_fp
@@ -208,20 +224,19 @@ class GRPONode:
                                     deadline_s=sw.collect_deadline_s)
         info["collect_s"] = intake.waited_s
         rejected: Counter = Counter({f"swarm:{r}": n for r, n in intake.rejected.items()})
+        rejected.update(intake.payload_refused)  # refused on the decode thread (protocol:*, round_mismatch)
         info.update(bytes_out=len(payload), bytes_in=intake.payload_bytes_in,  # published / downloaded
                     payload_bytes_out=intake.payload_bytes_out, control_bytes_in=intake.control_bytes_in,
                     control_bytes_out=intake.control_bytes_out, buffer_events=intake.events)
         groups, ages, lags = [], [], []
         for rec in intake.batches:
-            try:
-                decoded = decode_batch(rec.payload, self.limits)
-            except ProtocolError as exc:
-                rejected[f"protocol:{exc.reason}"] += 1
-                log.warning("rejected batch from %s: %s", rec.peer_id, exc)
-                continue
-            if decoded.round != rec.round:  # the payload must be what the announcement said
-                rejected["round_mismatch"] += 1
-                continue
+            decoded = rec.decoded  # decoded and checked in the background as it arrived
+            if decoded is None:
+                decoded, reason, detail = self._check_payload(rec.payload, rec.round)
+                if reason is not None:
+                    rejected[reason] += 1
+                    log.warning("rejected batch from %s: %s", rec.peer_id, detail)
+                    continue
             adm = admit_batch(decoded, rec.peer_id, self.task, self.tok, self.expect, encode=self.prompts.encode)
             rejected.update(adm.rejected)
             info["rewards_overridden"] += adm.rewards_changed
