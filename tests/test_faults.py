@@ -181,3 +181,120 @@ def test_disk_full_while_checkpointing_keeps_the_node_training(presets: Path, tm
         node.close()
     finally:
         subprocess.run(["umount", "-l", str(state)], capture_output=True, timeout=10)
+
+
+# ---- SIGKILL of a peer while we download its blob -----------------------------------------------------
+
+VICTIM = '''
+"""A peer whose upload is slow (256 KiB chunks, 0.25 s apart): it announces one 6 MiB batch to the swarm and
+writes the number of body chunks sent to `marker`, so the test can SIGKILL it mid-transfer."""
+import asyncio, os, sys, time
+from pathlib import Path
+from transformers import AutoTokenizer
+from swarm_node.config import SwarmConfig
+from swarm_node.models.loading import tokenizer_fingerprint
+from swarm_node.swarm import PeerInfo, SwarmNode
+from swarm_node.swarm import transfer
+from swarm_node.tasks.arithmetic import ArithmeticTask
+
+model_dir, maddr, swarm_id, marker = sys.argv[1:5]
+transfer.CHUNK = 256 * 1024
+real_write = transfer._write
+
+sent = [0]
+
+async def slow_write(writer, data, timeout):
+    if isinstance(data, memoryview):  # a body chunk
+        await asyncio.sleep(0.25)
+    await real_write(writer, data, timeout)
+    if isinstance(data, memoryview):
+        sent[0] += 1
+        Path(marker).write_text(str(sent[0]))  # body chunks sent so far
+
+transfer._write = slow_write
+tok = AutoTokenizer.from_pretrained(model_dir)
+task = ArithmeticTask()
+cfg = SwarmConfig(enabled=True, swarm_id=swarm_id, initial_peers=[maddr], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                  heartbeat_s=1.0, record_ttl_s=8.0)
+node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="victim", tokenizer_fp=tokenizer_fingerprint(tok),
+                               task_id=task.task_id)).start()
+blob = os.urandom(6 * 2**20)
+while True:
+    others = [m.round for m in node.live_peers() if m.peer_id != node.peer_id]
+    if others and max(others) >= 1:
+        r = max(others) + 1
+        node.set_round(r)
+        node.publish("batch", r, blob)
+        break
+    time.sleep(0.3)
+while True:
+    time.sleep(1)
+'''
+
+
+def test_sigkill_of_a_peer_mid_transfer_costs_the_downloader_no_round(presets: Path, tmp_path: Path) -> None:
+    """A peer is SIGKILLed (with its DHT child and p2pd) while our node downloads its 6 MiB batch. The
+    download fails with a counted reason (swarm:stream_error) within its deadline, a round waits for it at
+    most collect_deadline_s (and an async round not at all), nothing crashes, and later rounds go on."""
+    import os
+    import sys
+
+    from swarm_node.runs.local_swarm import start_bootstrap
+
+    swarm_id = "mp-kill-transfer"
+    boot = start_bootstrap(tmp_path / "bootstrap", swarm_id)
+    ov = {"rounds": None, "task.prompts_per_round": 4, "task.eval_n": 20, "metrics.eval_every": 1000,
+          "checkpoint.every_rounds": 1000, "swarm.swarm_id": swarm_id, "swarm.host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
+          "swarm.heartbeat_s": 1.0, "swarm.record_ttl_s": 8.0, "swarm.collect_deadline_s": 8.0,
+          "swarm.bootstrap_timeout_s": 20.0}
+    cfg = write_peer_config(ROOT / "peers" / "tiny-s.yaml", tmp_path / "honest.yaml", ov)
+    honest = Peer(name="honest", config=cfg, state_dir=tmp_path / "honest")
+    (tmp_path / "victim.py").write_text(VICTIM)
+    marker = tmp_path / "victim.sending"
+    victim = None
+    try:
+        honest.start(boot.maddrs)
+        victim = subprocess.Popen([sys.executable, str(tmp_path / "victim.py"), str(presets / "tiny-s"), boot.maddrs[0],
+                                   swarm_id, str(marker)], stdout=open(tmp_path / "victim.log", "w"),
+                                  stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
+        end = time.monotonic() + 180
+        while not (marker.exists() and int(marker.read_text() or 0) >= 6):  # 1.5 of 6 MiB sent
+            assert time.monotonic() < end, (tmp_path / "victim.log").read_text()[-3000:] + _tail(honest.log_path)
+            assert victim.poll() is None and honest.running(), _tail(honest.log_path)
+            time.sleep(0.05)
+        os.killpg(victim.pid, signal.SIGKILL)  # the peer, its DHT child and its p2pd: gone mid-upload
+        killed_at = time.time()
+        assert victim.wait(10) == -signal.SIGKILL
+        rows_before = len(read_metrics(honest.metrics))
+        # later rounds go on: wait for 4 more rows, and for the failed download to be counted
+        end = time.monotonic() + 120
+        while True:
+            rows = read_metrics(honest.metrics)
+            failed = sum(r.get("rejected", {}).get("swarm:stream_error", 0) for r in rows)
+            if len(rows) >= rows_before + 4 and failed:
+                break
+            assert time.monotonic() < end, (rows[-3:], _tail(honest.log_path))
+            assert honest.running(), _tail(honest.log_path)
+            time.sleep(0.3)
+        assert stop_process(honest.proc, grace_s=60) == 0, _tail(honest.log_path)
+    finally:
+        if victim is not None and victim.poll() is None:
+            os.killpg(victim.pid, signal.SIGKILL)
+        if honest.running():
+            stop_process(honest.proc, grace_s=5)
+        boot.stop()
+    rows = read_metrics(honest.metrics)
+    text = honest.log_path.read_text()
+    assert "Traceback" not in text, text[-3000:]
+    after = [r for r in rows[1:] if r["time"] > killed_at]
+    assert len(after) >= 3
+    # Stated bound: a round waits at most collect_deadline_s (8 s) for a dying transfer, and only if it is a
+    # waiting round (lockstep, or the first exchange after joining, which waits once for live peers' first
+    # batches: when the kill lands in that wait, the dead peer still counts as live until its record
+    # expires); an async round after that waits for nothing (collect_s ~0).
+    waits = [r["collect_s"] for r in after]
+    assert all(w <= 8.0 + 0.5 for w in waits) and all(w < 1.0 for w in waits[1:]), waits
+    # part of the blob had arrived, none of it was trained on, and the failure was counted by its reason
+    assert sum(r["bytes_in"] for r in rows[1:]) > 0
+    assert all(not any(k.endswith(":victim") for k in r["external_groups_by_peer"]) for r in rows[1:])
+    assert sum(r["rejected"].get("swarm:stream_error", 0) for r in rows[1:]) >= 1, [r["rejected"] for r in rows]
