@@ -33,7 +33,7 @@ def test_dpo_parameter_fuzz_finds_no_exception_and_no_invariant_violation() -> N
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # hivemind's 8-bit encoder: a torch deprecation warning per call
-        parts = gf.run(1500, seed=3, receive_share=0.2)
+        parts = gf.run(1000, seed=3, receive_share=0.2)
     for name, st in parts.items():
         assert st.exceptions == [], (name, st.exceptions[:3])
         assert st.violations == [], (name, st.violations[:3])
