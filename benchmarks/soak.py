@@ -1,7 +1,7 @@
 """Memory of an honest GRPO node over many rounds with a hostile peer beside it (issue 11, "memory flat").
 
 Starts a bootstrap and one honest tiny-s node (`swarm-node run`, a real process with its DHT child and
-p2pd), and, in this process, a hostile swarm peer that announces one bad batch per honest round, in
+p2pd), and, in this process, a hostile swarm peer that announces bad batches (5 a second), in
 turn: random junk, a zstd bomb (64 MiB of zeros declared), a msgpack bomb (16 M nested empty arrays), an
 empty-plane payload, an oversized announcement (refused before download), a round from the future, and
 a replay (the same valid completions re-encoded under a new round; only the first copy counts). It
@@ -119,14 +119,11 @@ class Attacker:
         return encode_batch(batch)
 
     def step(self) -> None:
-        """One bad batch per round the honest node moves on."""
-        rounds = [m.round for m in self.node.live_peers() if m.peer_id != self.node.peer_id]
-        r = max(rounds, default=0) + 1
-        if r <= self.published:
-            return
+        """One bad batch per call (the caller paces it), under the attacker's own increasing round numbers."""
         attack = ATTACKS[sum(self.sent.values()) % len(ATTACKS)]
-        self.published = r
-        self.node.set_round(r)
+        self.published += 1
+        r = self.published
+        self.node.set_round(r)  # its signed membership round follows, so its rounds stay plausible
         if attack == "junk":
             payload = self.rng.bytes(4096)
         elif attack == "zstd_bomb":
@@ -163,6 +160,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="40 rounds")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--attack-rate", type=float, default=5.0, help="bad batches announced per second")
     ap.add_argument("--warmup", type=int, default=None, help="rounds left out of the slope (default: 10%%, >= 10)")
     ap.add_argument("--out", default=None, help="work dir (default: a temp dir)")
     ap.add_argument("--json", default=None)
@@ -192,8 +190,11 @@ def main() -> int:
         peer.start(boot.maddrs)
         attacker = Attacker(model_dir, boot.maddrs[0], swarm_id, oversized=max_bytes + (1 << 20))
         seen = -1
+        next_attack = 0.0
         while peer.running():
-            attacker.step()
+            if time.monotonic() >= next_attack:
+                attacker.step()
+                next_attack = time.monotonic() + 1.0 / args.attack_rate
             rows = read_metrics(peer.metrics, warn=False)
             if rows and rows[-1]["round"] > seen:
                 seen = rows[-1]["round"]
@@ -216,7 +217,7 @@ def main() -> int:
     body = [s for s in samples if s[0] >= warm]
     res = {"rounds": rounds, "seed": args.seed, "exit_code": code, "warmup": warm, "seconds": round(time.time() - t0, 1),
            "machine": platform.platform(), "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "attacks_sent": dict(attacker.sent) if attacker else {}, "rejected": dict(rejected.most_common()),
+           "attack_rate_per_s": args.attack_rate, "attacks_sent": dict(attacker.sent) if attacker else {}, "rejected": dict(rejected.most_common()),
            "external_groups_trained": sum(r.get("external_groups", 0) for r in rows[1:]),
            "samples": [{"round": r, "node_mib": round(a, 1), "tree_mib": round(b, 1), "t": round(t, 1)}
                        for r, a, b, t in samples]}
