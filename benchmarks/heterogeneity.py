@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +125,15 @@ def run_arm(pair: str, arm: str, seed: int, args: argparse.Namespace, cache: dic
         return out
 
 
+def _worker_init() -> None:
+    torch.set_num_threads(1)  # tiny models: one thread per process beats contended ones
+
+
+def _run_job(job: tuple[str, str, int, argparse.Namespace, dict]) -> list[dict]:
+    pair, arm, seed, args, cache = job
+    return run_arm(pair, arm, seed, args, cache)
+
+
 def summarise(results: list[dict]) -> list[dict]:
     """Per (pair, model, arm): end accuracies over seeds, and the paired gain over the same seeds' alone arm."""
     table = []
@@ -185,6 +197,8 @@ def main() -> None:
     ap.add_argument("--curve-n", type=int, default=200)
     ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                    help="runs in parallel, one process and one thread each (default: 2 or the core count)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None)
     args = ap.parse_args()
@@ -192,17 +206,31 @@ def main() -> None:
         args.rounds, args.eval_n, args.curve_every, args.curve_n = 10, 200, 5, 100
     if "alone" not in args.arms:
         args.arms = ["alone", *args.arms]
-    torch.set_num_threads(1)  # tiny models: one thread beats two contended ones
+    _worker_init()
     seeds = list(range(args.seed, args.seed + args.seeds))
     t0, results, cache = time.perf_counter(), [], {}
-    for pair in args.pairs:
-        for seed in seeds:
-            for arm in args.arms:
-                out = run_arm(pair, arm, seed, args, cache)
-                results.extend(out)
-                print(f"[{time.perf_counter() - t0:6.0f}s] {pair:9s} seed {seed} {arm:6s} " + "  ".join(
-                    f"{o['model']}: id {o['start_id']:.3f}->{o['end_id']:.3f} ood {o['start_ood']:.3f}->"
-                    f"{o['end_ood']:.3f}" for o in out), flush=True)
+    for pair in args.pairs:  # build the expertise pair's other-seed preset once, before any worker needs it
+        for m in PAIRS[pair]:
+            preset_path(m, cache)
+    jobs = [(pair, arm, seed, args, cache) for pair in args.pairs for seed in seeds for arm in args.arms]
+    print(f"{len(jobs)} runs ({len(args.pairs)} pairs x {len(seeds)} seeds x {len(args.arms)} arms), "
+          f"{args.workers} at a time", flush=True)
+
+    def report(out: list[dict]) -> None:
+        results.extend(out)
+        o0 = out[0]
+        print(f"[{time.perf_counter() - t0:6.0f}s] {o0['pair']:9s} seed {o0['seed']} {o0['arm']:6s} " + "  ".join(
+            f"{o['model']}: id {o['start_id']:.3f}->{o['end_id']:.3f} ood {o['start_ood']:.3f}->"
+            f"{o['end_ood']:.3f}" for o in out), flush=True)
+
+    if args.workers <= 1:
+        for job in jobs:
+            report(_run_job(job))
+    else:  # spawn: a fresh interpreter per worker, no forked torch state
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_worker_init) as pool:
+            for out in pool.map(_run_job, jobs):  # in job order, so the printout and JSON are deterministic
+                report(out)
     table = summarise(results)
     print(f"\n{args.rounds} rounds, {args.prompts} prompts x 8 per model per round, held-out n={args.eval_n} "
           f"(id and ood), seeds {seeds}; mean +- std over seeds; gain = paired difference vs alone (+- SE)\n")

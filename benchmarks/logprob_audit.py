@@ -3,7 +3,8 @@
 A tiny-s judge recomputes the log-probs of batches sampled by tiny-s itself (same model), by tiny-m (an
 honest but different model: other size and architecture, same tokenizer), and by a tiny-m attacker that
 lowers its claimed log-probs by DELTA on positive-advantage completions (what buys the F-TIS cap's 2x),
-(or on every completion), and applies node.rollouts.LogprobAudit to each. Prints, per case: batches, rejected, the mean statistic
+(or on every completion), and applies node.rollouts.LogprobAudit (per batch) and SkewAudit (per peer, running
+over rounds) to each. Prints, per case: batches, rejected, the mean statistic
 (mean capped weight) and the mean threshold. Log-probs are put on the wire's 1/64 grid first.
 
     python benchmarks/logprob_audit.py --rounds 30 [--prompts 8] [--seeds 1 2] [--json out.json]
@@ -72,20 +73,32 @@ def main() -> None:
                     batches[f"attacker -{d}, positive adv."] = on_wire(honest, d)
                     batches[f"attacker -{d}, every completion"] = on_wire(honest, d, everywhere=True)
                 for name, groups in batches.items():
-                    ok, stat, limit = judge.audit.judge(groups, judge.trainer.completion_logprobs(groups))
-                    c = cases.setdefault(name, {"batches": 0, "rejected": 0, "stats": [], "limits": []})
+                    lps = judge.trainer.completion_logprobs(groups)
+                    ok, stat, limit = judge.audit.judge(groups, lps)
+                    # each case is one peer to the per-peer skew audit (its running statistics span rounds)
+                    skew_ok, _, _ = judge.skew.judge(f"{seed}:{name}", groups, lps)
+                    c = cases.setdefault(name, {"batches": 0, "rejected": 0, "skew_rejected": 0, "either": 0,
+                                                "stats": [], "limits": [], "gaps": []})
                     c["batches"] += 1
                     c["rejected"] += int(not ok)
+                    c["skew_rejected"] += int(not skew_ok)
+                    c["either"] += int(not (ok and skew_ok))
                     c["stats"].append(stat)
                     c["limits"].append(limit)
-    print(f"{'case':<32} {'batches':>8} {'rejected':>9} {'mean stat':>10} {'max stat':>9} {'threshold':>10}")
+                    c["gaps"].extend(judge.skew.gaps(groups, lps))
+    print(f"{'case':<32} {'batches':>8} {'mean-test':>9} {'skew-test':>9} {'either':>7} {'mean stat':>10} "
+          f"{'max stat':>9} {'threshold':>10} {'gap mean':>9} {'gap sd':>7}")
     summary = {}
     for name, c in cases.items():
-        summary[name] = {"batches": c["batches"], "rejected": c["rejected"], "mean_stat": float(np.mean(c["stats"])),
-                         "max_stat": float(np.max(c["stats"])), "mean_threshold": float(np.mean(c["limits"]))}
+        summary[name] = {"batches": c["batches"], "rejected": c["rejected"], "skew_rejected": c["skew_rejected"],
+                         "either": c["either"], "mean_stat": float(np.mean(c["stats"])),
+                         "max_stat": float(np.max(c["stats"])), "mean_threshold": float(np.mean(c["limits"])),
+                         "gap_mean": float(np.mean(c["gaps"])) if c["gaps"] else float("nan"),
+                         "gap_sd": float(np.std(c["gaps"])) if c["gaps"] else float("nan")}
         s = summary[name]
-        print(f"{name:<32} {s['batches']:>8} {s['rejected']:>9} {s['mean_stat']:>10.3f} {s['max_stat']:>9.3f} "
-              f"{s['mean_threshold']:>10.3f}")
+        print(f"{name:<32} {s['batches']:>8} {s['rejected']:>9} {s['skew_rejected']:>9} {s['either']:>7} "
+              f"{s['mean_stat']:>10.3f} {s['max_stat']:>9.3f} {s['mean_threshold']:>10.3f} {s['gap_mean']:>9.3f} "
+              f"{s['gap_sd']:>7.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))
 

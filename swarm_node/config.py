@@ -160,7 +160,8 @@ class SwarmConfig(_Section):
                                   "heartbeat (rounds from the future)")
     buffer_batches: int = Field(16, ge=1, description="peers' batches held between rounds (one per peer; oldest evicted)")
     buffer_bytes: int = Field(256 * 2**20, ge=1024, description="bytes of peers' batches held between rounds")
-    heartbeat_s: float = Field(5.0, gt=0.0, description="membership record refresh period")
+    heartbeat_s: float = Field(5.0, gt=0.0, description="period of re-pushes and membership reads (the membership "
+                               "record itself is re-stored 3 times per record_ttl_s)")
     record_ttl_s: float = Field(60.0, gt=0.0, description="membership / announcement expiry")
     trust_peer_rewards: bool = Field(False, description="use peers' claimed rewards (only for tasks this node cannot verify)")
     max_batch_bytes: int = Field(64 * 2**20, ge=1024, description="refuse larger payloads before reading them")
@@ -233,6 +234,8 @@ class NodeConfig(_Section):
     mode: Literal["grpo", "dpo"] = Field("grpo", description="GRPO with F-TIS sample sharing, or DPO with parameter averaging")
     rounds: int | None = Field(None, ge=1, description="stop after this many rounds; None = run until stopped")
     seed: int = Field(0, description="seeds prompts, sampling and init; give each node its own")
+    pipeline: bool = Field(False, description="GRPO: sample round r+1 in the background while round r trains "
+                           "(its own samples are then one policy version stale, corrected by F-TIS like a peer's)")
     model: ModelConfig = ModelConfig()
     generation: GenerationConfig = GenerationConfig()
     task: TaskConfig = TaskConfig()

@@ -127,3 +127,55 @@ def test_neither_model_nor_state_dir_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2, err  # nothing but the two error lines
     assert "not a model directory" in err[0] and "not a node state dir" in err[1]
+
+
+@pytest.mark.slow  # eight in-process evals of a model (~30 s)
+def test_eval_encodes_prompts_as_the_node_did(base_dir, tmp_path, capsys):
+    """A state dir's recorded chat template and prompt cap are used; flags override; a model dir gets auto."""
+    templated = tmp_path / "templated"
+    loaded = load_model(str(base_dir), dtype="float32", device="cpu")
+    loaded.model.save_pretrained(templated)
+    loaded.tokenizer.chat_template = "{{ messages[0]['content'] }}{{ messages[0]['content'] }}"  # doubles the prompt
+    loaded.tokenizer.save_pretrained(templated)
+
+    def run(*argv: str) -> dict:
+        assert _main("eval", *argv, "--n", "24", "--json") == 0, capsys.readouterr().err
+        return json.loads(capsys.readouterr().out)
+
+    assert run("--model", str(templated))["chat_template"] == "on"  # auto: the tokenizer's template
+    assert run("--model", str(templated), "--chat-template", "off")["chat_template"] == "off"
+    assert run("--model", str(base_dir))["chat_template"] == "off"  # no template to apply
+    state = tmp_path / "state"
+    again = load_model(str(templated), dtype="float32", device="cpu")
+    record = model_record(again, None) | {"prompt_encoding": {"chat_template": "off", "max_prompt_tokens": 3}}
+    save_checkpoint(state, 1, again.model, {"optimizer": {}}, record, "fp")
+    got = run("--model", str(state))
+    assert got["chat_template"] == "off" and got["max_prompt_tokens"] == 3  # as the node encoded
+    assert run("--model", str(state), "--chat-template", "on")["chat_template"] == "on"
+    # scored on what the model says under the node's encoding: answers are its greedy completions of the
+    # last 3 prompt tokens, so that encoding scores 1.0 and plain text (or the template) scores less
+    from swarm_node.generation.prompts import PromptEncoder
+    from swarm_node.tasks.arithmetic import ArithmeticTask
+
+    enc = PromptEncoder(again.tokenizer, "off", 3)
+    rows = []
+    for p in ArithmeticTask().eval_prompts("id", 24):
+        seq = enc.encode(p.text)
+        out = []
+        with torch.no_grad():
+            for _ in range(6):
+                nxt = int(again.model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+                if nxt == again.tokenizer.eos_token_id:
+                    break
+                out.append(nxt)
+                seq.append(nxt)
+        rows.append({"prompt": p.text, "answer": again.tokenizer.decode(out, skip_special_tokens=True)})
+    data = tmp_path / "echo.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    files = ("--task", "files", "--data-path", str(train), "--eval-data-path", str(data), "--max-new-tokens", "6")
+    assert run("--model", str(state), *files)["accuracy"] == 1.0
+    assert run("--model", str(state), *files, "--max-prompt-tokens", "1024")["accuracy"] < 1.0
+    assert _main("eval", "--model", str(base_dir), "--chat-template", "on", "--n", "2") == 2
+    assert "no chat template" in capsys.readouterr().err

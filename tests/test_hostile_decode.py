@@ -22,8 +22,8 @@ from swarm_node.protocol import (
     encode_batch,
 )
 from swarm_node.protocol import columns as col
-from swarm_node.protocol.codec import ID_PACKED, ID_PLANES, batch_to_body
-from swarm_node.protocol.framing import HEADER, MAGIC, frame
+from swarm_node.protocol.codec import ID_PACKED, ID_PLANES, batch_to_body, pack_body
+from swarm_node.protocol.framing import HEADER, MAGIC, MAJOR, frame
 from swarm_node.protocol.fuzz import empty_planes_bomb, nested_arrays_bomb, tight_limits, zeros_bomb
 
 MiB = 1 << 20
@@ -68,7 +68,7 @@ def test_the_largest_valid_batch_fits_the_cap(layout: int) -> None:
                     [Completion(rng.integers(0, 1 << 24, n_tok), -rng.uniform(0, 20000, n_tok).astype(np.float32), 1.0)
                      for _ in range(per_group)]) for _ in range(lim.max_groups)]
     batch = RolloutBatch("s" * 64, "t" * 64, "f" * 64, "m" * 64, 2**62, 1 << 24, groups)
-    body = msgpack.packb(batch_to_body(batch, layout), use_bin_type=True)
+    body = pack_body(batch_to_body(batch, layout))
     assert len(body) <= lim.body_cap()
     decode_batch(frame(body), lim)
 
@@ -115,7 +115,7 @@ def test_every_column_must_carry_its_planes(key: str) -> None:
                                                         Completion(np.array([7]), np.zeros(1, np.float32), 0.0)])])
     body = batch_to_body(batch, ID_PLANES)
     body[key] = [0, b""]
-    assert refusal(frame(msgpack.packb(body, use_bin_type=True)), DecodeLimits())[0] == "missing_planes"
+    assert refusal(frame(pack_body(body)), DecodeLimits())[0] == "missing_planes"
 
 
 def test_packed_indices_need_at_least_one_bit() -> None:
@@ -123,9 +123,9 @@ def test_packed_indices_need_at_least_one_bit() -> None:
         Completion(np.array([3, 3, 3]), np.zeros(3, np.float32), 1.0), Completion(np.array([3]), np.zeros(1, np.float32), 0.0)])])
     body = batch_to_body(batch, ID_PACKED)
     assert body["idx"][0] == 1 and body["lq"][0] == 1  # one distinct id, all log-probs 0: still backed by bytes
-    assert decode_batch(frame(msgpack.packb(body, use_bin_type=True))).groups[0].completions[0].token_ids.tolist() == [3, 3, 3]
+    assert decode_batch(frame(pack_body(body))).groups[0].completions[0].token_ids.tolist() == [3, 3, 3]
     body["idx"] = [0, b""]  # how a 1.0 encoder sent a one-id palette
-    assert refusal(frame(msgpack.packb(body, use_bin_type=True)), DecodeLimits())[0] == "missing_planes"
+    assert refusal(frame(pack_body(body)), DecodeLimits())[0] == "missing_planes"
 
 
 def test_msgpack_length_limits_follow_the_receive_limits() -> None:
@@ -135,7 +135,7 @@ def test_msgpack_length_limits_follow_the_receive_limits() -> None:
     over_array = {"x": [0] * (caps["max_array_len"] + 1)}
     over_map = {f"k{i}": 0 for i in range(caps["max_map_len"] + 1)}
     for body in (over_bin, over_array, over_map):
-        assert refusal(frame(msgpack.packb(body, use_bin_type=True)), lim)[0] == "msgpack_limit"
+        assert refusal(frame(pack_body(body)), lim)[0] == "msgpack_limit"
 
 
 def test_a_valid_batch_at_the_node_limits_decodes_within_a_small_multiple_of_the_cap() -> None:
@@ -158,12 +158,15 @@ def test_a_valid_batch_at_the_node_limits_decodes_within_a_small_multiple_of_the
     assert peak < 8 * lim.body_cap()
 
 
-def test_minor_version_1_0_payloads_without_planes_are_refused_by_name() -> None:
-    """1.1 tightened one rule (documented in docs/protocol.md): a 1.0 peer's zero-plane column is refused."""
+def test_version_1_payloads_are_refused_by_name() -> None:
+    """2.0 changed the body (docs/protocol.md, version rule): a 1.x peer's payload is refused as `version`,
+    before its body is inflated, and a non-empty column must still carry at least one plane."""
     body = batch_to_body(RolloutBatch("s", "t", "f", "m", 1, 10, [Group("q", np.array([1]), [
         Completion(np.array([2]), np.zeros(1, np.float32), 0.0), Completion(np.array([2]), np.zeros(1, np.float32), 0.0)])]))
+    raw = msgpack.packb(body, use_bin_type=True)  # the 1.x form: a keyed map
+    for minor in (0, 1):
+        old = HEADER.pack(MAGIC, 1, minor, len(raw)) + frame(raw)[HEADER.size:]
+        assert refusal(old, DecodeLimits())[0] == "version"
     body["lq"] = [0, b""]
-    raw = msgpack.packb(body, use_bin_type=True)
-    old = HEADER.pack(MAGIC, 1, 0, len(raw)) + frame(raw)[HEADER.size:]
-    assert refusal(old, DecodeLimits())[0] == "missing_planes"
-    assert col.plane_count(np.zeros(5)) == 1 and col.plane_count(np.zeros(0)) == 0
+    assert refusal(frame(pack_body(body)), DecodeLimits())[0] == "missing_planes"
+    assert col.plane_count(np.zeros(5)) == 1 and col.plane_count(np.zeros(0)) == 0 and MAJOR == 2

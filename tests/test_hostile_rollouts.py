@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 
-from swarm_node.node.rollouts import LogprobAudit, ReplayWindow, cap_share
+from swarm_node.node.rollouts import LogprobAudit, NewcomerGate, ReplayWindow, SkewAudit, cap_share
 from swarm_node.protocol import Completion, Group, RolloutBatch, decode_batch, encode_batch
+from swarm_node.swarm.intake import Freshness, Intake, Offer
 from swarm_node.training.groups import TrainGroup
 
 
@@ -58,6 +61,23 @@ def test_our_own_samples_sent_back_count_once_and_the_window_expires() -> None:
     assert len(w.admit(12, reencoded(mine, "thief"))[0]) == 3  # out of the window: a new round's data
 
 
+def test_a_replay_many_fast_rounds_later_is_still_caught_within_the_age_limit() -> None:
+    """Rounds of half a second: a batch re-announced 20 rounds (10 s) later, with a fresh generation time,
+    passes the intake's age check; the window must remember it as long (by time, not only by rounds)."""
+    now = [0.0]
+    w = ReplayWindow(window=4, max_age_s=130.0, clock=lambda: now[0])
+    original = reencoded(groups(5), "peer-a")
+    assert len(w.admit(1, original)[0]) == 3
+    for r in range(2, 22):
+        now[0] += 0.5
+        w.admit(r, [])
+    kept, rej = w.admit(22, reencoded(groups(5), "replayer"))
+    assert kept == [] and rej["replayed_group"] == 3
+    now[0] += 200.0  # past the age limit: the intake would refuse such a batch anyway, and memory is freed
+    w.admit(23, [])
+    assert all(r >= 23 - 4 for r in w._by_round)
+
+
 def test_cap_share_bounds_one_identity() -> None:
     gs = groups(4, n=10)
     kept, dropped = cap_share(gs, 8)
@@ -104,3 +124,131 @@ def test_repeats_within_an_honest_group_are_kept() -> None:
     assert not rej and len(kept[0].completions) == 4
     kept, rej = w.admit(3, reencoded([g], "sybil"))
     assert kept == [] and rej["replayed_group"] == 1
+
+
+# ---- targeted fabrication (positive-advantage completions only) and Sybils filling K ----
+
+
+def _mixed_batch(rng, p_logits, q_logits, *, n_groups=8, g=8, length=6, delta=0.0):
+    """Groups of completions sampled from q with random 0/1 rewards; the claimed log-probs are lowered by
+    `delta` only on completions whose reward is above their group's mean (what buys F-TIS weight)."""
+    logq = q_logits - np.log(np.exp(q_logits).sum(-1, keepdims=True))
+    logp = p_logits - np.log(np.exp(p_logits).sum(-1, keepdims=True))
+    gs, recomputed = [], []
+    for _ in range(n_groups):
+        rewards = (rng.random(g) < 0.3).astype(np.float32)
+        claimed, ours = [], []
+        for r in rewards:
+            pos = rng.integers(0, len(q_logits), length)
+            tok = np.argmax(logq[pos] + rng.gumbel(size=(length, q_logits.shape[1])), axis=1)
+            d = delta if r > rewards.mean() else 0.0
+            claimed.append((np.rint((logq[pos, tok] - d) * 64) / 64).astype(np.float32))
+            ours.append(logp[pos, tok])
+        gs.append(TrainGroup(prompt_ids=np.zeros(1, np.int64), completions=[np.zeros(length, np.int64)] * g,
+                             behaviour_logprobs=claimed, rewards=rewards, source="peer"))
+        recomputed.append(ours)
+    return gs, recomputed
+
+
+def test_skew_audit_catches_positive_advantage_fabrication_the_mean_audit_misses() -> None:
+    rng = np.random.default_rng(1)
+    q_logits = rng.normal(0, 2.0, (16, 50))
+    p_logits = q_logits + rng.normal(0, 1.0, (16, 50))  # an honest but different model
+    mean_audit, skew = LogprobAudit(), SkewAudit()
+    honest = [_mixed_batch(rng, p_logits, q_logits) for _ in range(40)]
+    attack = [_mixed_batch(rng, p_logits, q_logits, delta=0.7) for _ in range(20)]
+    # the hole: the batch-mean audit passes every targeted batch
+    assert all(mean_audit.judge(gs, lp)[0] for gs, lp in attack)
+    honest_verdicts = [skew.judge("honest", gs, lp)[0] for gs, lp in honest]
+    attack_verdicts = [skew.judge("attacker", gs, lp)[0] for gs, lp in attack]
+    assert all(honest_verdicts)  # no false positive over 40 batches of a different model
+    assert sum(not ok for ok in attack_verdicts) >= 18  # caught from the second batch on
+    same = SkewAudit()
+    assert all(same.judge("same", *_mixed_batch(rng, q_logits, q_logits))[0] for _ in range(20))
+
+
+def test_skew_audit_state_is_per_peer_and_bounded() -> None:
+    rng = np.random.default_rng(2)
+    q_logits = rng.normal(0, 2.0, (16, 50))
+    skew = SkewAudit(max_peers=3)
+    for i in range(10):
+        skew.judge(f"p{i}", *_mixed_batch(rng, q_logits, q_logits, n_groups=2))
+    assert len(skew._history) == 3
+    bad = _mixed_batch(rng, q_logits, q_logits, delta=3.0)
+    assert not skew.judge("bad", *bad)[0]
+    assert skew.judge("good", *_mixed_batch(rng, q_logits, q_logits))[0]  # another peer's evidence is its own
+
+
+def _buffered(intake: Intake, clock: list[float], peer: str, round_: int) -> None:
+    _verdict, fetch = intake.offer(Offer(peer, round_, round_ - 1, clock[0], 10, "0" * 64, {}))
+    if fetch is not None:
+        intake.fetched(fetch, b"x" * 10)
+
+
+def _sybil_rounds(gate: NewcomerGate | None, rounds: int = 12, sybils: int = 40, k: int = 4):
+    """Three honest peers in a swarm from round 1, `sybils` fresh identities flooding from round 4 on;
+    returns the honest peers' share of the slots used in rounds 6.. and the rounds in which a late honest
+    newcomer (heard in round 4, just before the flood) was used."""
+    clock = [1_000_000.0]
+    intake = Intake(Freshness(), max_batches=1000, max_bytes=10**9, clock=lambda: clock[0], rng=random.Random(0))
+    honest = ["h1", "h2", "h3"]
+    used_honest = used_all = 0
+    late_used = []
+    for r in range(1, rounds + 1):
+        clock[0] += 1.0
+        peers = list(honest)
+        if r >= 4:  # an honest newcomer, heard just before the flood begins
+            peers.append("late")
+        if r >= 4:
+            peers += [f"sybil{r}-{i}" for i in range(sybils)]  # new identities every round
+        for pid in peers:
+            _buffered(intake, clock, pid, r)
+        taken, refetch = intake.take(k, choose=None if gate is None else gate.choose)
+        for o in refetch:  # the peers' newer offers, downloaded at once
+            intake.fetched(o, b"x" * 10)
+        if gate is not None:
+            gate.start_round(r)
+        used = []
+        for b in sorted(taken, key=lambda b: gate.rank(b.offer.peer_id)) if gate else taken:
+            pid = b.offer.peer_id
+            if gate is not None and not gate.admit(pid):
+                continue
+            used.append(pid)
+            if gate is not None:
+                gate.passed(pid, r)  # every batch here is well-behaved: the flood costs only identities
+        if r >= 6:
+            used_all += len(used)
+            used_honest += sum(p in honest or p == "late" for p in used)
+        if "late" in used:
+            late_used.append(r)
+    return used_honest / max(1, used_all), late_used
+
+
+def test_newcomer_gate_keeps_a_sybil_flood_from_filling_k() -> None:
+    share_without, _ = _sybil_rounds(None)
+    gate = NewcomerGate(max_new=1, established_after=2, rng=random.Random(0))
+    share_with, late = _sybil_rounds(gate)
+    assert share_without < 0.25  # the hole: 40 fresh identities a round take nearly every slot
+    assert share_with >= 0.75  # established peers keep their slots; Sybils get at most the newcomer share
+    # one newcomer slot a round, two rounds to establish: h1..h3 (new at round 1) take rounds 1-6, then the
+    # late newcomer, heard before the Sybils, is next whatever the flood
+    assert late[:3] == [7, 8, 9]
+    _, late_without = _sybil_rounds(None)
+    assert len(late_without) <= 3  # without the gate it wins a slot only by chance
+
+
+def test_a_newcomer_that_fails_its_checks_goes_to_the_back() -> None:
+    gate = NewcomerGate(max_new=1, established_after=2)
+    assert gate.rank("junk") < gate.rank("honest")
+    gate.start_round(1)
+    assert gate.admit("junk") and not gate.admit("honest")  # one newcomer slot: the first heard takes it
+    gate.start_round(2)  # junk did not pass: demoted behind the honest newcomer
+    assert gate.rank("honest") < gate.rank("junk")
+    assert gate.admit("honest")
+    gate.passed("honest", 2)
+    gate.start_round(3)
+    assert gate.admit("honest") and not gate.established("honest")
+    gate.passed("honest", 3)
+    assert gate.established("honest") and gate.rank("honest") == (0, 0)
+    gate.start_round(4)
+    assert gate.admit("honest") and gate.admit("junk")  # established peers do not use the newcomer slot

@@ -63,7 +63,8 @@ def test_prometheus_labels_by_node_counts_with_counters_and_binds_loopback(tmp_p
         w.write({"round": 6, "reward_mean": 0.5, "local_groups": 2, "external_groups": 1,
                  "rejected": {"protocol:schema": 2}, "external_groups_by_peer": {"peer-chosen-name": 3}})
         w.write({"round": 7, "reward_mean": 0.25, "local_groups": 3, "external_groups": 0,
-                 "rejected": {"protocol:schema": 1, "made-up-by-peer": 5}, "stepped": True, "note": "x"})
+                 "rejected": {"protocol:schema": 1, "made-up-by-peer": 5, "logprob_skew": 1, "newcomer_capped": 4},
+                 "stepped": True, "note": "x"})
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         w.close()
@@ -74,6 +75,8 @@ def test_prometheus_labels_by_node_counts_with_counters_and_binds_loopback(tmp_p
     assert 'swarm_node_external_groups_total{node="tiny-s"} 1.0' in body
     assert 'swarm_node_rounds_total{node="tiny-s"} 2.0' in body
     assert 'swarm_node_rejected_total{node="tiny-s",reason="protocol:schema"} 3.0' in body
+    assert 'swarm_node_rejected_total{node="tiny-s",reason="logprob_skew"} 1.0' in body  # the Sybil defences
+    assert 'swarm_node_rejected_total{node="tiny-s",reason="newcomer_capped"} 4.0' in body
     assert "peer_chosen_name" not in body and "made-up-by-peer" not in body  # peers cannot add series
     assert "swarm_node_" in body and all('node="tiny-s"' in ln for ln in body.splitlines()
                                         if ln.startswith("swarm_node_") and not ln.startswith("swarm_node_info"))

@@ -23,8 +23,9 @@ from swarm_node.protocol import (
     encode_batch,
 )
 from swarm_node.protocol import columns as col
-from swarm_node.protocol.codec import ID_PACKED, ID_PLANES, batch_to_body
-from swarm_node.protocol.framing import HEADER, MAGIC, frame
+from swarm_node.protocol import pids as pid_codec
+from swarm_node.protocol.codec import ID_PACKED, ID_PLANES, batch_to_body, pack_body
+from swarm_node.protocol.framing import HEADER, MAGIC, MAJOR, frame
 from swarm_node.protocol.fuzz import check_invariants
 from swarm_node.runs import batches as wire
 
@@ -65,7 +66,7 @@ def assert_same(a: RolloutBatch, b: RolloutBatch) -> None:
 
 
 def reframe(body: dict) -> bytes:
-    return frame(msgpack.packb(body, use_bin_type=True))
+    return frame(pack_body(body))
 
 
 def reason_of(data: bytes, limits: DecodeLimits = DecodeLimits()) -> str:
@@ -170,9 +171,10 @@ def test_bad_magic() -> None:
 
 def test_unknown_major_rejected_minor_accepted() -> None:
     data = bytearray(encode_batch(make_batch()))
-    data[4] = 2
-    assert reason_of(bytes(data)) == "version"
-    data[4], data[5] = 1, 9  # a newer minor of a known major only adds optional keys: accepted
+    for major in (1, 3):  # 1.x (keyed map bodies, before 2.0) and an unknown future major: refused by name
+        data[4] = major
+        assert reason_of(bytes(data)) == "version"
+    data[4], data[5] = MAJOR, 9  # a newer minor of a known major only adds optional slots: accepted
     decode_batch(bytes(data))
 
 
@@ -198,10 +200,10 @@ def test_header_length_disagrees_with_frame() -> None:
 
 
 def test_frame_without_content_size() -> None:
-    body = msgpack.packb(batch_to_body(make_batch()), use_bin_type=True)
+    body = pack_body(batch_to_body(make_batch()))
     cobj = zstandard.ZstdCompressor(write_content_size=False).compressobj()
     zdata = cobj.compress(body) + cobj.flush()
-    assert reason_of(HEADER.pack(MAGIC, 1, 0, len(body)) + zdata) == "bad_frame"
+    assert reason_of(HEADER.pack(MAGIC, MAJOR, 0, len(body)) + zdata) == "bad_frame"
 
 
 def test_decompression_bomb_rejected_cheaply() -> None:
@@ -212,8 +214,8 @@ def test_decompression_bomb_rejected_cheaply() -> None:
     zdata = b"".join(cobj.compress(chunk) for _ in range(256)) + cobj.flush()
     assert len(zdata) < 64 << 10
     limits = DecodeLimits(max_decompressed_bytes=16 << 20)
-    honest = HEADER.pack(MAGIC, 1, 0, size) + zdata
-    lying = HEADER.pack(MAGIC, 1, 0, 1000) + zdata  # header claims little, the frame declares 256 MiB
+    honest = HEADER.pack(MAGIC, MAJOR, 0, size) + zdata
+    lying = HEADER.pack(MAGIC, MAJOR, 0, 1000) + zdata  # header claims little, the frame declares 256 MiB
     t = time.perf_counter()
     assert reason_of(honest, limits) == "decompressed_too_large"
     assert reason_of(lying, limits) == "bad_frame"
@@ -222,9 +224,10 @@ def test_decompression_bomb_rejected_cheaply() -> None:
 
 def test_not_msgpack_and_trailing_msgpack() -> None:
     assert reason_of(frame(b"\xc1")) == "msgpack"  # 0xc1 is never valid msgpack
-    assert reason_of(frame(msgpack.packb({}) + b"\x00")) == "msgpack"
-    assert reason_of(frame(msgpack.packb([1, 2]))) == "schema"
-    assert reason_of(frame(msgpack.packb({1: 2}, use_bin_type=True))) == "msgpack"  # non-str map key
+    assert reason_of(frame(msgpack.packb([]) + b"\x00")) == "msgpack"
+    assert reason_of(frame(msgpack.packb([1, 2]))) == "schema"  # too few slots
+    assert reason_of(frame(msgpack.packb({}))) == "msgpack_limit"  # 2.0 bodies hold no map at all
+    assert reason_of(frame(msgpack.packb({1: 2}, use_bin_type=True))) in {"msgpack", "msgpack_limit"}
     assert reason_of(frame(msgpack.packb(msgpack.ExtType(1, b"x")))) == "schema"
 
 
@@ -241,8 +244,8 @@ def with_(key: str, value) -> bytes:
     return reframe(b)
 
 
-@pytest.mark.parametrize("key", ["swarm", "task", "tok", "model", "round", "vocab", "pid", "ng", "pl", "cl",
-                                 "rw", "np", "pd", "pal", "idl", "idx", "lps", "lq"])
+@pytest.mark.parametrize("key", ["swarm", "task", "tok", "model", "round", "vocab", "gn", "pt", "pti", "pn", "ng",
+                                 "pl", "cl", "cs", "rv", "ri", "np", "pd", "pal", "idl", "idx", "lps", "lq", "lx"])
 def test_missing_key(key: str) -> None:
     b = body()
     del b[key]
@@ -251,9 +254,11 @@ def test_missing_key(key: str) -> None:
 
 @pytest.mark.parametrize(
     "key,value",
-    [("swarm", 5), ("round", "7"), ("round", True), ("round", 1.0), ("vocab", None), ("pid", "q0"),
-     ("pid", [1, 2, 3]), ("ng", b"\x04"), ("ng", [1]), ("ng", [1, "x"]), ("ng", [5, b"\0" * 15]),
-     ("rw", [0.0]), ("np", -1), ("pd", 2), ("idl", 9), ("lps", 3), ("lps", 40)],
+    [("swarm", 5), ("round", "7"), ("round", True), ("round", 1.0), ("vocab", None), ("gn", "3"), ("pt", "q"),
+     ("pt", b"q"), ("pt", b"\xff\xfe"), ("pti", [1, b"\x05" * 3]),
+     ("ng", b"\x04"), ("ng", [1, "x"]), ("ng", [5, b"\0" * 15]), ("rv", 0.0),
+     ("rv", np.array([1.0, 0.0]).tobytes()), ("ri", [3, b"\0" * 5]), ("np", -1), ("pd", 2), ("idl", 9), ("lps", 3),
+     ("lps", 40)],
 )
 def test_wrong_type_or_value(key: str, value) -> None:
     assert reason_of(with_(key, value)) == "schema"
@@ -261,21 +266,27 @@ def test_wrong_type_or_value(key: str, value) -> None:
 
 def test_unknown_keys_ignored() -> None:
     b = body()
-    b["future_field"] = [1, 2, b"y", "z", None]
+    b["future_field"] = b"y"  # a newer minor's slots after the known ones: scalars and bins
     b["future_scalar"] = 2.5
+    b["future_none"] = None
     assert_same(make_batch(), decode_batch(reframe(b)))
 
 
 @pytest.mark.parametrize("key,value", [("lq", {"a": 1}), ("future", [1, [2]]), ("future", {"a": {"b": 1}}),
-                                       ("pid", [["q0"], "q1", "q2"])])
+                                       ("pt", [["q0"], "q1", "q2"]), ("ng", [1]), ("rv", [0.0]), ("future", [1])])
 def test_nested_containers_refused(key: str, value) -> None:
-    """The body is a map of scalars, bins and lists of scalars; anything deeper is refused while unpacking."""
+    """The body is one flat array of scalars and bins; any container in it is refused while unpacking."""
     assert reason_of(with_(key, value)) == "msgpack_limit"
 
 
 def test_string_too_long() -> None:
     assert reason_of(with_("model", "m" * 513)) == "string_too_long"
-    assert reason_of(with_("pid", ["q" * 1000] * 3)) == "string_too_long"
+    assert reason_of(with_("pt", ["q" * 1000] * 3)) == "string_too_long"  # a template
+    b = body()
+    b["pt"] = ["q" * 510 + pid_codec.HOLE]  # a 513-byte template; 510 + str(n) >= 511 bytes: the id itself
+    b["pti"] = list(col.to_planes(np.zeros(3)))
+    b["pn"] = list(col.to_planes(np.array([7, 12345, 0])))
+    assert reason_of(reframe(b)) == "string_too_long"
 
 
 def test_vocab_size_bounds() -> None:
@@ -310,7 +321,7 @@ def test_huge_declared_counts_rejected_before_allocation() -> None:
     assert reason_of(reframe(b)) == "too_many_completions"
 
 
-@pytest.mark.parametrize("key", ["ng", "pl", "cl", "pal", "idx", "lq"])
+@pytest.mark.parametrize("key", ["pti", "pn", "ng", "pl", "cl", "cs", "pal", "idx", "lq", "lx"])
 def test_column_length_mismatch(key: str) -> None:
     b = body()
     k, data = b[key]
@@ -320,7 +331,10 @@ def test_column_length_mismatch(key: str) -> None:
 
 def test_rewards_length_mismatch() -> None:
     b = body()
-    b["rw"] = b["rw"][:-8]
+    b["rv"] = b["rv"] + b"\0" * 3
+    assert reason_of(reframe(b)) == "length_mismatch"
+    b = body()
+    b["ri"] = [b["ri"][0], b["ri"][1][:-1]]
     assert reason_of(reframe(b)) == "length_mismatch"
 
 
@@ -375,19 +389,23 @@ def test_bad_logprobs_refused_on_encode(value: float, reason: str) -> None:
 def test_logprobs_decode_finite_and_nonpositive_by_construction() -> None:
     b = body()
     k, data = b["lq"]
-    b["lq"] = [3, col.to_planes(np.full(len(data) // k, col.Q_MAX), 3)[1]]
+    n = len(data) // k
+    b["lq"] = list(col.to_planes(np.full(n, 255)))
+    b["lx"] = [3, col.to_planes(np.full(n, col.Q_MAX - 255), 3)[1]]
     lps = [c.logprobs for g in decode_batch(reframe(b)).groups for c in g.completions]
     assert all(np.all(np.isfinite(x)) and np.all(x <= 0) for x in lps)
-    b["lq"] = [4, col.to_planes(np.full(len(data) // k, col.Q_MAX + 1), 4)[1]]
+    b["lx"] = [3, col.to_planes(np.full(n, col.Q_MAX - 254), 3)[1]]
+    assert reason_of(reframe(b)) == "schema"
+    b["lq"] = [2, col.to_planes(np.full(n, 256), 2)[1]]  # the low column stops at the escape value 255
     assert reason_of(reframe(b)) == "schema"
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_reward_not_finite(value: float) -> None:
     b = body()
-    rw = np.frombuffer(b["rw"], "<f8").copy()
-    rw[2] = value
-    b["rw"] = rw.tobytes()
+    table = np.frombuffer(b["rv"], "<f8").copy()
+    table[-1] = value  # the largest bit pattern stays last: NaN and +-inf sort above 0.0 and 1.0
+    b["rv"] = table.tobytes()
     assert reason_of(reframe(b)) == "reward_not_finite"
     batch = make_batch()
     batch.groups[0].completions[1].reward = value
@@ -416,7 +434,7 @@ def test_error_reason_is_checked() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300))
 def test_garbage_only_raises_protocol_error(data: bytes) -> None:
-    for payload in (data, HEADER.pack(MAGIC, 1, 0, len(data)) + data, frame(data)):
+    for payload in (data, HEADER.pack(MAGIC, MAJOR, 0, len(data)) + data, frame(data)):
         with pytest.raises(ProtocolError):
             decode_batch(payload)
 
@@ -466,7 +484,7 @@ def test_mutated_bodies_only_raise_protocol_error(patch: dict, start_valid: bool
 
 @pytest.mark.parametrize("payload", [frame(msgpack.packb([])), frame(msgpack.packb(None)), frame(b"\x00")])
 def test_catch_all_is_not_what_answers(payload: bytes) -> None:
-    """A body that is no map is refused by the type check (`schema`), not by the safety net."""
+    """A body that is no array of slots is refused by the type check (`schema`), not by the safety net."""
     assert reason_of(payload) == "schema"
 
 

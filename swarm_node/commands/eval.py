@@ -29,6 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-field", default="prompt", help="files: the prompt field")
     p.add_argument("--answer-field", default="answer", help="files: the answer field")
     p.add_argument("--reward", default=None, help="files: reward function 'module:function' (default: exact match)")
+    p.add_argument("--chat-template", default=None,
+                   help="auto (the tokenizer's template if it has one), on, off, or a Jinja file; default: what a "
+                        "state dir's node used, else auto (the node's default)")
+    p.add_argument("--max-prompt-tokens", type=int, default=None,
+                   help="longer prompts keep their last N tokens; default: a state dir's setting, else 1024")
     p.add_argument("--batch-size", type=int, default=256, help="sequences decoded together")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
@@ -39,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from swarm_node.config import TaskConfig
     from swarm_node.errors import UserFacingError
     from swarm_node.evaluation import evaluate
+    from swarm_node.generation.prompts import PromptEncoder
     from swarm_node.models.loading import load_model
     from swarm_node.node.checkpoint import is_state_dir, load_trained_model
     from swarm_node.tasks import get_task
@@ -55,12 +61,21 @@ def run(args: argparse.Namespace) -> int:
                           eval_split=args.split, datasets=datasets, prompt_field=args.prompt_field,
                           answer_field=args.answer_field, reward=args.reward)
     task = get_task(task_cfg)
+    recorded: dict = {}
     if is_state_dir(Path(args.model).expanduser()):
-        loaded, _ = load_trained_model(Path(args.model).expanduser(), dtype=args.dtype, device=args.device)
+        loaded, ck = load_trained_model(Path(args.model).expanduser(), dtype=args.dtype, device=args.device)
+        recorded = ck.meta.get("prompt_encoding") or {}
     else:
         loaded = load_model(args.model, dtype=args.dtype, device=args.device)
-    result = evaluate(loaded.model, loaded.tokenizer, task, args.split, args.n, max_new, batch_size=args.batch_size)
-    result = {"task": args.task, "model": args.model, **result, "max_new_tokens": max_new}
+    template = args.chat_template or recorded.get("chat_template") or "auto"
+    max_prompt = args.max_prompt_tokens if args.max_prompt_tokens is not None else int(recorded.get("max_prompt_tokens") or 1024)
+    if max_prompt < 1:
+        raise UserFacingError(f"--max-prompt-tokens must be at least 1, got {max_prompt}")
+    encoder = PromptEncoder(loaded.tokenizer, template, max_prompt)  # the node's one way to encode prompts
+    result = evaluate(loaded.model, loaded.tokenizer, task, args.split, args.n, max_new, batch_size=args.batch_size,
+                      encode=encoder.encode)
+    result = {"task": args.task, "model": args.model, **result, "max_new_tokens": max_new,
+              "chat_template": "on" if encoder.template else "off", "max_prompt_tokens": encoder.max_prompt_tokens}
     if args.json:
         print(json.dumps(result))
     else:

@@ -30,18 +30,22 @@ from swarm_node.node.checkpoint import (
 )
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
+from swarm_node.node.pipeline import PipelinedSampler
 from swarm_node.node.progress import RoundProgress
 from swarm_node.node.rollouts import (
     Expectations,
     LocalRollouts,
     LogprobAudit,
+    NewcomerGate,
     ReplayWindow,
+    SkewAudit,
     admit_batch,
     cap_share,
     score,
 )
 from swarm_node.node.stopping import StopFlag
 from swarm_node.protocol import DecodeLimits, ProtocolError, decode_batch, encode_batch
+from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.tasks import get_task
 from swarm_node.tasks.base import Task
 from swarm_node.training.groups import TrainGroup
@@ -99,10 +103,17 @@ class GRPONode:
             swarm_id=cfg.swarm.swarm_id, task_id=self.task.task_id, tokenizer_fp=self.loaded.tokenizer_fp,
             vocab_size=self.loaded.vocab_size, trust_peer_rewards=cfg.swarm.trust_peer_rewards,
         )
-        self.replay = ReplayWindow(window=cfg.swarm.staleness_rounds + 2)  # hole 5: a completion counts once
+        # hole 5: a completion counts once, over as many rounds as the intake would accept a batch's age
+        self.replay = ReplayWindow(window=cfg.swarm.staleness_rounds + 2, max_age_s=cfg.swarm.max_batch_age_s + 10)
         self.audit = LogprobAudit(cap=cfg.training.cap)  # hole 6: claimed log-probs against our recompute
+        self.skew = SkewAudit()  # hole 6, targeted: lowered only on positive-advantage completions, per peer
+        # Sybils: identities not yet established take at most a quarter of the K slots a round (at least 1)
+        self.newcomers = NewcomerGate(max_new=max(1, cfg.swarm.max_peers_per_round // 4))
+        self.peer_log = RateLimitedLog(log, burst=5, period_s=60.0)  # lines a peer can cause
         # groups from an in-process source instead of the swarm (off-policy experiments, benchmarks)
         self.external_source: Callable[[int], list[TrainGroup]] | None = None
+        # pipeline: true -> round r+1 samples in the background (from the weights before round r's step)
+        self.pipe = PipelinedSampler(self.loaded, cfg.generation, self.generator) if cfg.pipeline else None
 
     # ---- lifecycle ---------------------------------------------------------------------------------
 
@@ -127,7 +138,7 @@ class GRPONode:
             return True
         try:
             save_checkpoint(self.state_dir, self.round, self.loaded.model, self.trainer.state_dict(),
-                            model_record(self.loaded, self.cfg.model.lora),
+                            model_record(self.loaded, self.cfg.model.lora) | self.prompt_record(),
                             self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
         except CheckpointWriteError as exc:
             self.checkpoint_failures += 1
@@ -135,6 +146,11 @@ class GRPONode:
             return False
         self.saved_round = self.round
         return True
+
+    def prompt_record(self) -> dict:
+        """How this node encodes prompts, so `swarm-node eval STATE_DIR` scores the model as it was trained."""
+        g = self.cfg.generation
+        return {"prompt_encoding": {"chat_template": g.chat_template, "max_prompt_tokens": g.max_prompt_tokens}}
 
     def join_swarm(self) -> None:
         from swarm_node.swarm import PeerInfo, SwarmNode
@@ -150,6 +166,8 @@ class GRPONode:
         log.info("peer id %s; reachable at %s", self.swarm.peer_id, " ".join(self.swarm.visible_maddrs()))
 
     def close(self) -> None:
+        if self.pipe is not None:
+            self.pipe.close()
         if self.swarm is not None:
             self.swarm.close()
             self.swarm = None
@@ -165,12 +183,48 @@ class GRPONode:
                         max_new_tokens=g.max_new_tokens, batch_size=max(g.batch_size, 64), encode=self.prompts.encode)
 
     def generate(self, round_: int) -> LocalRollouts:
-        g = self.cfg.generation
-        prompts = self.task.train_prompts(self.cfg.task.prompts_per_round, self._rng(round_))
-        ids = [self.prompts.encode(p.text) for p in prompts]
-        samples = self.generator.generate(ids, g.num_generations, max_new_tokens=g.max_new_tokens,
-                                          temperature=g.temperature, seed=self.cfg.seed * 1_000_003 + round_)
+        prompts, ids = self._round_prompts(round_)
+        samples, _seconds = self._sample_job(ids, round_)(self.generator)
         return LocalRollouts(prompts, ids, samples, score(self.task, self.tok, prompts, samples))
+
+    def _round_prompts(self, round_: int) -> tuple[list, list[list[int]]]:
+        prompts = self.task.train_prompts(self.cfg.task.prompts_per_round, self._rng(round_))
+        return prompts, [self.prompts.encode(p.text) for p in prompts]
+
+    def _sample_job(self, ids: list[list[int]], round_: int) -> Callable:
+        """Sampling alone (no tokenizer: safe in the pipeline's thread); the seed depends on the round only."""
+        g = self.cfg.generation
+
+        def job(generator) -> tuple[list, float]:
+            t0 = time.perf_counter()
+            samples = generator.generate(ids, g.num_generations, max_new_tokens=g.max_new_tokens,
+                                         temperature=g.temperature, seed=self.cfg.seed * 1_000_003 + round_)
+            return samples, time.perf_counter() - t0
+
+        return job
+
+    def _pipelined_generate(self, r: int) -> tuple[LocalRollouts, int, float, float]:
+        """Round r's samples from the background generation started last round (or now, after a (re)start),
+        then the next round's generation started from the current weights -> (rollouts, their policy
+        version, generation start time, seconds of generation)."""
+        pipe = self.pipe
+        got = pipe.take(r)
+        if got is None:  # first round of this process: nothing in flight yet, sample now from the current policy
+            pipe.sync(self.loaded.model, self.round)
+            prompts, ids = self._round_prompts(r)
+            generated = time.time()
+            samples, gen_s = self._sample_job(ids, r)(pipe.generator)
+            version = self.round
+        else:
+            pending, (samples, gen_s) = got
+            prompts, ids = pending.context
+            version, generated = pending.version, pending.generated
+        local = LocalRollouts(prompts, ids, samples, score(self.task, self.tok, prompts, samples))
+        if self.cfg.rounds is None or r < self.cfg.rounds:  # round r+1 samples while round r trains
+            pipe.sync(self.loaded.model, self.round)  # the weights before this round's step: version self.round
+            nxt_prompts, nxt_ids = self._round_prompts(r + 1)
+            pipe.start(r + 1, (nxt_prompts, nxt_ids), self._sample_job(nxt_ids, r + 1))
+        return local, version, generated, gen_s
 
     def _check_payload(self, payload: bytes, round_: int) -> tuple[object, str | None, str]:
         """Decode a peer's batch and check it is the announced round -> (batch, None, "") or (None, reason, detail).
@@ -221,7 +275,7 @@ class GRPONode:
         intake = self.swarm.receive(sw.max_peers_per_round, accept=self._accepts_peer,
                                     lockstep=sw.exchange == "lockstep" or first, round=round_,
                                     staleness=round_ if first else sw.staleness_rounds,
-                                    deadline_s=sw.collect_deadline_s)
+                                    deadline_s=sw.collect_deadline_s, choose=self.newcomers.choose)
         info["collect_s"] = intake.waited_s
         rejected: Counter = Counter({f"swarm:{r}": n for r, n in intake.rejected.items()})
         rejected.update(intake.payload_refused)  # refused on the decode thread (protocol:*, round_mismatch)
@@ -229,30 +283,47 @@ class GRPONode:
                     payload_bytes_out=intake.payload_bytes_out, control_bytes_in=intake.control_bytes_in,
                     control_bytes_out=intake.control_bytes_out, buffer_events=intake.events)
         groups, ages, lags = [], [], []
-        for rec in intake.batches:
+        if self.newcomers.passed_over:  # Sybils: newcomers beyond this round's share stay in the buffer
+            rejected["newcomer_capped"] += self.newcomers.passed_over
+            self.newcomers.passed_over = 0
+        self.newcomers.start_round(round_)
+        for rec in sorted(intake.batches, key=lambda b: self.newcomers.rank(b.peer_id)):
+            if not self.newcomers.admit(rec.peer_id):
+                rejected["newcomer_capped"] += 1
+                continue
             decoded = rec.decoded  # decoded and checked in the background as it arrived
             if decoded is None:
                 decoded, reason, detail = self._check_payload(rec.payload, rec.round)
                 if reason is not None:
                     rejected[reason] += 1
-                    log.warning("rejected batch from %s: %s", rec.peer_id, detail)
+                    self.peer_log.warning(reason, "rejected batch from %s: %s", rec.peer_id, detail)
                     continue
             adm = admit_batch(decoded, rec.peer_id, self.task, self.tok, self.expect, encode=self.prompts.encode)
             rejected.update(adm.rejected)
             info["rewards_overridden"] += adm.rewards_changed
             if adm.rejected:
-                log.warning("declined %s from %s", dict(adm.rejected), rec.peer_id)
+                self.peer_log.warning("declined", "declined %s from %s", dict(adm.rejected), rec.peer_id)
             adm.groups, dup = self.replay.admit(round_, adm.groups)
             rejected.update(dup)
             adm.groups, capped = cap_share(adm.groups, self.cfg.task.prompts_per_round)
             if capped:
                 rejected["share_capped"] += capped
             if adm.groups:
-                ok, stat, limit = self.audit.judge(adm.groups, self.trainer.completion_logprobs(adm.groups))
+                recomputed = self.trainer.completion_logprobs(adm.groups)
+                ok, stat, limit = self.audit.judge(adm.groups, recomputed)
                 if not ok:
                     rejected["logprob_outlier"] += 1
-                    log.warning("declined batch from %s: mean capped weight %.3f > %.3f", rec.peer_id, stat, limit)
+                    self.peer_log.warning("logprob_outlier", "declined batch from %s: mean capped weight %.3f > %.3f",
+                                          rec.peer_id, stat, limit)
                     continue
+                ok, gap, lower = self.skew.judge(rec.peer_id, adm.groups, recomputed)
+                if not ok:
+                    rejected["logprob_skew"] += 1
+                    self.peer_log.warning("logprob_skew", "declined batch from %s: positive-advantage log-ratio gap "
+                                          "%.3f (lower bound %.3f) > %.2f", rec.peer_id, gap, lower,
+                                          self.skew.tolerance)
+                    continue
+                self.newcomers.passed(rec.peer_id, round_)
             groups.extend(adm.groups)
             if adm.groups:
                 ages.append(rec.age_s)
@@ -269,11 +340,16 @@ class GRPONode:
     def run_round(self) -> dict:
         r = self.round + 1
         t0 = time.perf_counter()
-        generated = time.time()
-        local = self.generate(r)
-        gen_s = time.perf_counter() - t0
         # policy version = rounds trained so far (the policy that sampled round r has seen r - 1 rounds)
-        external, swarm_info = self.exchange(local, r, version=self.round, generated=generated)
+        if self.pipe is None:
+            generated = time.time()
+            local = self.generate(r)
+            version = self.round
+            gen_s = wait_s = time.perf_counter() - t0
+        else:  # sampled in the background during the previous round's training: one version behind
+            local, version, generated, gen_s = self._pipelined_generate(r)
+            wait_s = time.perf_counter() - t0
+        external, swarm_info = self.exchange(local, r, version=version, generated=generated)
         t1 = time.perf_counter()
         t = self.cfg.training
         lr_now = self.trainer.lr * lr_factor(t.lr_schedule, r - 1, t.warmup_rounds, self.cfg.rounds)
@@ -290,7 +366,7 @@ class GRPONode:
                 torch.cuda.empty_cache()
             swarm_info["rejected"]["oom_external"] = len(external)
             res = self.trainer.step(local.train_groups())
-        if res.stepped:
+        if res.stepped and self.pipe is None:  # (pipelined: the sampler syncs between its generations)
             self.generator.sync_weights(self.loaded.model)
         train_s = time.perf_counter() - t1
         self.round = r
@@ -304,6 +380,7 @@ class GRPONode:
             "filtered_external": res.seqs_filtered_external,
             "kept": res.seqs_kept,
             "zero_advantage_groups": res.groups_zero_advantage,
+            "mean_ratio_local": res.mean_ratio_local,  # != 1 when pipelined: own samples one version old
             "mean_ratio_external": res.mean_ratio_external,
             "truncated_frac_external": res.truncated_frac_external,
             "divergence_external": res.mean_divergence_external,
@@ -312,6 +389,9 @@ class GRPONode:
             "stepped": res.stepped,
             "tokens_per_s": local.tokens() / gen_s if gen_s > 0 else None,
             "gen_s": round(gen_s, 4),
+            "gen_wait_s": round(wait_s, 4),  # round time spent waiting for its own samples (pipelined: < gen_s)
+            "policy_version": version,  # the policy that sampled this round's own groups
+            "local_version_lag": self.round - 1 - version,  # 1 when pipelined, else 0
             "train_s": round(train_s, 4),
             "collect_s": round(swarm_info["collect_s"], 4),
             "external_groups_by_peer": swarm_info["external_by_peer"],

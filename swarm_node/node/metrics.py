@@ -23,6 +23,7 @@ REJECT_REASONS_EXPORTED = frozenset({
     "swarm_mismatch", "task_mismatch", "tokenizer_mismatch", "vocab_mismatch", "unknown_prompt",
     "prompt_mismatch", "group_too_small", "duplicate_group", "reward_out_of_range", "stale", "round_mismatch",
     "oom_external", "duplicate_completion", "replayed_group", "share_capped", "logprob_outlier",
+    "logprob_skew", "newcomer_capped",
 })
 
 

@@ -65,29 +65,31 @@ class DecodeLimits:
     max_total_tokens: int = 1 << 23
     max_string_bytes: int = 512  # utf-8 bytes of each string field (ids, names, fingerprints)
     max_vocab_size: int = 1 << 24
-    max_map_keys: int = 64  # keys of the body map (18 today; unknown keys are ignored)
+    max_map_keys: int = 64  # slots of the body array (35 in 2.0; slots past them are ignored)
 
     def body_cap(self) -> int:
         """Bytes of the largest msgpack body any batch within these limits can need, capped by
-        `max_decompressed_bytes`: 4 strings, G prompt ids, 3 count columns, 8-byte rewards, and at most
-        4 bytes per palette entry, index and quantized log-prob, plus 4 KiB for keys and small fields.
+        `max_decompressed_bytes`: 4 strings, G prompt-id templates, 4 count columns of G and 8 numbers
+        per id, 3 of C (lengths, prefix sources and lengths), a reward table of C float64s and C reward
+        indices, and at most 4 bytes per palette entry, index and quantized log-prob, plus 4 KiB for keys
+        and small fields.
         """
         s, g, c, t = self.max_string_bytes, self.max_groups, self.max_completions, self.max_total_tokens
         palette = min(self.max_vocab_size, t)
-        need = 4 * (s + 5) + g * (s + 5) + 8 * g + 12 * c + 4 * palette + 8 * t + 4096
+        need = 4 * (s + 5) + g * (s + 5) + 12 * g + 32 * g + 12 * c + 12 * c + 4 * palette + 8 * t + 4096
         return min(self.max_decompressed_bytes, need)
 
     def msgpack_limits(self) -> dict[str, int]:
         """Length limits for msgpack.unpackb: no string, bin, array or map longer than a valid body has.
 
         Strings get 4x their limit (and arrays 2x) so that a long one is still refused by name by the field
-        checks (`string_too_long`, `too_many_groups`).
+        checks (`string_too_long`, `schema`).
         """
         t, c = self.max_total_tokens, self.max_completions
         return {
             "max_str_len": 4 * self.max_string_bytes,
-            "max_bin_len": max(4 * t, 8 * c, 4 * min(self.max_vocab_size, t)),
-            "max_array_len": max(2 * self.max_groups, 16),  # 2x: an over-long `pid` is `too_many_groups`
+            "max_bin_len": max(4 * t, 8 * c, self.max_groups * (self.max_string_bytes + 32), 4 * min(self.max_vocab_size, t)),
+            "max_array_len": self.max_map_keys,  # the body is one flat array of slots (35 in 2.0); nothing else is an array
             "max_map_len": self.max_map_keys,
             "max_ext_len": self.max_string_bytes,
         }

@@ -12,6 +12,8 @@ import msgpack
 import numpy as np
 
 from . import columns as col
+from . import pids as pid_codec
+from . import sharing
 from .batch import Completion, DecodeLimits, Group, RolloutBatch
 from .errors import ProtocolError
 from .framing import frame, unframe
@@ -21,7 +23,10 @@ ID_PACKED = 0  # palette indices bit-packed at bit_width(palette size)
 ID_PLANES = 1  # palette indices as little-endian byte planes
 LOGPROB_SCALE_BITS = 6  # step 1/64: |error| <= 1/128 = 0.0078125
 MIN_SCALE_BITS, MAX_SCALE_BITS = 6, 16  # a decoder accepts any step at least this fine
-ZSTD_LEVEL = 3
+ZSTD_LEVEL = 3  # large bodies
+ZSTD_LEVEL_SMALL = 19  # bodies up to SMALL_BODY (a small model's round): at most ~70 ms, usually < 1 ms
+SMALL_BODY = 64 << 10
+LQ_ESCAPE = 255  # quantized log-probs >= this carry the rest in the escape column `lx`
 _DEFAULT_LIMITS = DecodeLimits()
 
 
@@ -74,6 +79,13 @@ def _encode_ids(indices: np.ndarray, palette_size: int, layout: int) -> list[Any
     return [k, data]
 
 
+def _reward_table(rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rewards (by bit pattern, so -0.0 stays -0.0) in ascending bit order, and an index per reward."""
+    bits = np.ascontiguousarray(rewards, dtype="<f8").view("<u8")
+    table, index = np.unique(bits, return_inverse=True)
+    return table, index.reshape(-1)
+
+
 def batch_to_body(batch: RolloutBatch, id_layout: int | None = None, limits: DecodeLimits = _DEFAULT_LIMITS) -> dict:
     """Validate `batch` against the same rules a decoder applies, and flatten it into the msgpack map."""
     strings = {
@@ -93,46 +105,69 @@ def batch_to_body(batch: RolloutBatch, id_layout: int | None = None, limits: Dec
     if any(len(lp) != len(t) for lp, t in zip(lps, tok, strict=True)):
         raise ProtocolError("length_mismatch", "a completion has len(logprobs) != len(token_ids)")
     check_counts(group_sizes, prompt_lens, comp_lens, limits)
-    ids = np.concatenate(prompts + tok) if prompts or tok else np.zeros(0, np.int64)
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-        raise ProtocolError("id_out_of_range", f"token ids must be in [0, {vocab})")
-    logprobs = np.concatenate(lps) if lps else np.zeros(0)
-    if not np.all(np.isfinite(logprobs)):
+    empty = np.zeros(0, np.int64)
+    all_tok = np.concatenate(tok) if tok else empty
+    for a in (np.concatenate(prompts) if prompts else empty, all_tok):
+        if a.size and (int(a.min()) < 0 or int(a.max()) >= vocab):
+            raise ProtocolError("id_out_of_range", f"token ids must be in [0, {vocab})")
+    all_lp = np.concatenate(lps) if lps else np.zeros(0)
+    if not np.all(np.isfinite(all_lp)):
         raise ProtocolError("logprob_not_finite", "a log-prob is NaN or infinite")
-    q = col.quantize_logprobs(logprobs, LOGPROB_SCALE_BITS)
-    if q.size and int(q.min()) < 0:
+    all_q = col.quantize_logprobs(all_lp, LOGPROB_SCALE_BITS)
+    if all_q.size and int(all_q.min()) < 0:
         raise ProtocolError("logprob_positive", "a log-prob is > 1/128 (log-probs must be <= 0)")
     try:
         rewards = np.array([float(c.reward) for c in comps], dtype="<f8")
     except (TypeError, ValueError):
         raise ProtocolError("schema", "a reward is not a number") from None
     check_rewards(rewards)
+    r_table, r_index = _reward_table(rewards)
+    templates, t_index, numbers = pid_codec.encode_ids(pids)
+    cut = np.cumsum(comp_lens)[:-1]
+    keys = np.split((all_tok << 24) | all_q, cut) if comps else []  # id < 2**24 and q < 2**24: one int64 each
+    d, shared = sharing.find_shared(keys, group_sizes)
+    starts = np.cumsum(comp_lens) - comp_lens
+    keep = np.ones(all_tok.size, dtype=bool)  # the tokens after each completion's shared prefix
+    for st, sh in zip(starts[shared > 0].tolist(), shared[shared > 0].tolist(), strict=True):
+        keep[st : st + sh] = False
+    ids = np.concatenate([*prompts, all_tok[keep]]) if prompts or comps else empty
+    q = all_q[keep]
     id_layout, ranked, palette, indices = build_palette(ids, id_layout)
+    rw_width = col.packed_width(len(r_table))
     return {
         **strings,
         "round": round_,
         "vocab": vocab,
-        "pid": pids,
+        "gn": len(groups),
+        "pt": templates,
+        "pti": list(col.to_planes(t_index)),
+        "pn": list(col.to_planes(numbers)),
         "ng": list(col.to_planes(group_sizes)),
         "pl": list(col.to_planes(prompt_lens)),
         "cl": list(col.to_planes(comp_lens)),
-        "rw": rewards.tobytes(),
+        "cs": list(col.to_planes(shared * sharing.D_SPAN + d)),
+        "rv": r_table.astype("<u8").tobytes(),
+        "ri": [rw_width, col.pack_bits(r_index, rw_width)],
         "np": len(palette),
         "pd": 0 if ranked else 1,
         "pal": list(col.to_planes(palette if ranked else np.diff(palette, prepend=0))),
         "idl": id_layout,
         "idx": _encode_ids(indices.reshape(-1), len(palette), id_layout),
         "lps": LOGPROB_SCALE_BITS,
-        "lq": list(col.to_planes(q)),
+        "lq": list(col.to_planes(np.minimum(q, LQ_ESCAPE))),
+        "lx": list(col.to_planes(q[q >= LQ_ESCAPE] - LQ_ESCAPE)),
     }
 
 
-def encode_batch(batch: RolloutBatch, *, id_layout: int | None = None, level: int = ZSTD_LEVEL) -> bytes:
+def encode_batch(batch: RolloutBatch, *, id_layout: int | None = None, level: int | None = None) -> bytes:
     """Serialize a batch; raises ProtocolError if it would not pass decode_batch with default limits.
 
-    `id_layout` None picks ID_PLANES or ID_PACKED from the id statistics; `level` is the zstd level.
+    `id_layout` None picks ID_PLANES or ID_PACKED from the id statistics; `level` is the zstd level (None:
+    ZSTD_LEVEL_SMALL for bodies up to SMALL_BODY bytes, where it costs well under a millisecond, else ZSTD_LEVEL).
     """
-    body = msgpack.packb(batch_to_body(batch, id_layout), use_bin_type=True)
+    body = pack_body(batch_to_body(batch, id_layout))
+    if level is None:
+        level = ZSTD_LEVEL_SMALL if len(body) <= SMALL_BODY else ZSTD_LEVEL
     return frame(body, level)
 
 
@@ -192,32 +227,69 @@ def _decode_ids(obj: dict, layout: int, palette_size: int, count: int) -> np.nda
     return indices
 
 
+def _prompt_ids(obj: dict, n_groups: int, limits: DecodeLimits) -> list[str]:
+    """The groups' prompt ids from the template table, the template index column and the number column."""
+    templates = _field(obj, "pt", list)
+    if len(templates) > n_groups or not all(isinstance(t, str) for t in templates):
+        raise ProtocolError("schema", f"'pt' must be at most {n_groups} templates")
+    n_holes = pid_codec.check_templates(templates, limits.max_string_bytes)
+    index = _uints(obj, "pti", n_groups)
+    if index.size and int(index.max()) >= len(templates):
+        raise ProtocolError("schema", f"a prompt-id template index >= {len(templates)} templates")
+    numbers = _uints(obj, "pn", int(n_holes[index].sum()) if index.size else 0)
+    return [check_str(p, "prompt_id", limits) for p in pid_codec.decode_ids(templates, index, numbers)]
+
+
+def _rewards(obj: dict, n_comps: int) -> np.ndarray:
+    """float64 rewards from the table of distinct values (strictly ascending bit patterns) and the indices."""
+    rv = _field(obj, "rv", bytes)
+    if len(rv) % 8 or len(rv) // 8 > n_comps or (n_comps and not rv):
+        raise ProtocolError("length_mismatch", f"'rv' has {len(rv)} bytes for {n_comps} rewards")
+    bits = np.frombuffer(rv, dtype="<u8")
+    if bits.size > 1 and not np.all(bits[1:] > bits[:-1]):
+        raise ProtocolError("schema", "the reward table is not strictly ascending")
+    table = bits.view("<f8")
+    check_rewards(table)
+    width, data = _pair(obj, "ri")
+    if width != col.packed_width(len(table)):
+        raise ProtocolError("schema", f"reward index width {width} != max(1, bit_width({len(table)}))")
+    if len(data) != col.packed_size(width, n_comps):
+        raise ProtocolError("length_mismatch", f"'ri' has {len(data)} bytes for {n_comps} x {width} bits")
+    index = col.unpack_bits(data, width, n_comps).astype(np.int64)
+    if index.size and int(index.max()) >= len(table):
+        raise ProtocolError("schema", f"a reward index >= {len(table)} table entries")
+    return table[index]
+
+
 def body_to_batch(obj: Any, limits: DecodeLimits = _DEFAULT_LIMITS) -> RolloutBatch:
-    """Check every field of a decoded msgpack map and rebuild the batch. Unknown keys are ignored."""
+    """Check every field of a decoded msgpack map and rebuild the batch. Unknown keys are ignored.
+
+    Counts are read in dependency order (groups, then completions, then tokens), and each column's byte
+    length is checked against its count before it is decoded.
+    """
     if not isinstance(obj, dict):
         raise ProtocolError("schema", f"body is {type(obj).__name__}, not a map")
     strings = {k: check_str(_field(obj, k, str), k, limits) for k in ("swarm", "task", "tok", "model")}
     round_, vocab = check_header_fields(_field(obj, "round", int), _field(obj, "vocab", int), limits)
-    pids = _field(obj, "pid", list)
-    if len(pids) > limits.max_groups:
-        raise ProtocolError("too_many_groups", f"{len(pids)} groups > {limits.max_groups}")
-    pids = [check_str(p, "prompt_id", limits) for p in pids]
-    n_groups = len(pids)
+    n_groups = check_int(_field(obj, "gn", int), "gn")
+    if not 0 <= n_groups <= limits.max_groups:
+        raise ProtocolError("too_many_groups", f"{n_groups} groups not in [0, {limits.max_groups}]")
     group_sizes = _uints(obj, "ng", n_groups)
     prompt_lens = _uints(obj, "pl", n_groups)
+    pids = _prompt_ids(obj, n_groups, limits)
     n_comps = int(group_sizes.sum())
     if n_comps > limits.max_completions:
         raise ProtocolError("too_many_completions", f"{n_comps} completions > {limits.max_completions}")
     comp_lens = _uints(obj, "cl", n_comps)
     check_counts(group_sizes, prompt_lens, comp_lens, limits)
-    rw = _field(obj, "rw", bytes)
-    if len(rw) != 8 * n_comps:
-        raise ProtocolError("length_mismatch", f"'rw' has {len(rw)} bytes for {n_comps} rewards")
-    rewards = np.frombuffer(rw, dtype="<f8")
-    check_rewards(rewards)
-    n_prompt_tok, n_comp_tok = int(prompt_lens.sum()), int(comp_lens.sum())
+    cs = _uints(obj, "cs", n_comps)
+    d, shared = cs % sharing.D_SPAN, cs // sharing.D_SPAN
+    sharing.check_sources(d, shared, comp_lens, group_sizes)
+    n_new = comp_lens - shared
+    rewards = _rewards(obj, n_comps)
+    n_prompt_tok, n_new_tok = int(prompt_lens.sum()), int(n_new.sum())
     palette_size = check_int(_field(obj, "np", int), "np")
-    if not 0 <= palette_size <= min(vocab, n_prompt_tok + n_comp_tok):
+    if not 0 <= palette_size <= min(vocab, n_prompt_tok + n_new_tok):
         raise ProtocolError("schema", f"palette size {palette_size} not in [0, min(vocab, tokens)]")
     palette_deltas = check_int(_field(obj, "pd", int), "pd")
     if palette_deltas not in (0, 1):
@@ -228,17 +300,25 @@ def body_to_batch(obj: Any, limits: DecodeLimits = _DEFAULT_LIMITS) -> RolloutBa
     if palette.size and int(palette.max()) >= vocab:
         raise ProtocolError("id_out_of_range", f"token id {int(palette.max())} >= vocab_size {vocab}")
     layout = check_int(_field(obj, "idl", int), "idl")
-    ids = palette[_decode_ids(obj, layout, palette_size, n_prompt_tok + n_comp_tok)]
+    ids = palette[_decode_ids(obj, layout, palette_size, n_prompt_tok + n_new_tok)]
     scale = check_int(_field(obj, "lps", int), "lps")
     if not MIN_SCALE_BITS <= scale <= MAX_SCALE_BITS:
         raise ProtocolError("schema", f"log-prob scale bits {scale} not in [{MIN_SCALE_BITS}, {MAX_SCALE_BITS}]")
-    q = _uints(obj, "lq", n_comp_tok)
+    q = _uints(obj, "lq", n_new_tok)
+    if q.size and int(q.max()) > LQ_ESCAPE:
+        raise ProtocolError("schema", f"'lq' holds a value over {LQ_ESCAPE}")
+    escaped = q == LQ_ESCAPE
+    q[escaped] += _uints(obj, "lx", int(escaped.sum()))
     if q.size and int(q.max()) > col.Q_MAX:
         raise ProtocolError("schema", f"quantized log-prob over {col.Q_MAX}")
+    comp_ids = ids[n_prompt_tok:]
     logprobs = col.dequantize_logprobs(q, scale)  # -q / 2**scale: finite and <= 0 by construction
+    if shared.any():  # copy the shared prefixes (at most max_total_tokens in all, checked above)
+        pos = sharing.expand(d, shared, comp_lens, n_new_tok)
+        comp_ids, logprobs = comp_ids[pos], logprobs[pos]
     prompt_ids = np.split(ids[:n_prompt_tok], np.cumsum(prompt_lens)[:-1]) if n_groups else []
     cut = np.cumsum(comp_lens)[:-1]
-    comp_ids = np.split(ids[n_prompt_tok:], cut) if n_comps else []
+    comp_ids = np.split(comp_ids, cut) if n_comps else []
     comp_lps = np.split(logprobs, cut) if n_comps else []
     groups, i = [], 0
     for pid, prompt, size in zip(pids, prompt_ids, group_sizes.tolist(), strict=True):
@@ -256,33 +336,88 @@ def body_to_batch(obj: Any, limits: DecodeLimits = _DEFAULT_LIMITS) -> RolloutBa
     )
 
 
+# ------------------------------------------------------------------------------------------ wire form
+
+COLUMN_KEYS = frozenset({"pti", "pn", "ng", "pl", "cl", "cs", "ri", "pal", "idx", "lq", "lx"})
+WIRE_ORDER = ("swarm", "task", "tok", "model", "round", "vocab", "gn", "pt", "pti", "pn", "ng", "pl", "cl", "cs",
+              "rv", "ri", "np", "pd", "pal", "idl", "idx", "lps", "lq", "lx")
+TEMPLATE_END = pid_codec.END
+
+
+def pack_body(body: dict) -> bytes:
+    """The body map as what travels: one flat msgpack array of scalars and bins in WIRE_ORDER, each column
+    as two slots (k, bin), the templates as one bin of utf-8 text; no keys. Keys not in WIRE_ORDER follow
+    in order (a newer minor's optional fields; a decoder ignores slots it does not know)."""
+    slots: list = []
+    for key in WIRE_ORDER:
+        value = body.get(key)
+        if key in COLUMN_KEYS:
+            slots += value if isinstance(value, list) and len(value) == 2 else [value, None]
+        elif key == "pt" and isinstance(value, list) and all(isinstance(t, str) for t in value):
+            try:
+                slots.append("".join(t + TEMPLATE_END for t in value).encode(*pid_codec.ENCODING))
+            except UnicodeEncodeError:
+                raise ProtocolError("schema", "a prompt id is not valid unicode") from None
+        else:
+            slots.append(value)
+    slots += [v for k, v in body.items() if k not in WIRE_ORDER]
+    return msgpack.packb(slots, use_bin_type=True)
+
+
+WIRE_SLOTS = len(WIRE_ORDER) + len(COLUMN_KEYS)
+
+
+def wire_to_body(slots: Any) -> dict:
+    """The flat array back into the body map body_to_batch checks (columns as [k, bin] again)."""
+    if not isinstance(slots, list):
+        raise ProtocolError("schema", f"body is {type(slots).__name__}, not an array")
+    if len(slots) < WIRE_SLOTS:
+        raise ProtocolError("schema", f"body has {len(slots)} slots, 2.0 needs {WIRE_SLOTS}")
+    body, i = {}, 0
+    for key in WIRE_ORDER:
+        if key in COLUMN_KEYS:
+            body[key] = [slots[i], slots[i + 1]]
+            i += 2
+        else:
+            body[key] = slots[i]
+            i += 1
+    pt = body["pt"]
+    if isinstance(pt, bytes):
+        try:
+            text = pt.decode(*pid_codec.ENCODING)
+        except UnicodeDecodeError:
+            raise ProtocolError("schema", "'pt' is not utf-8") from None
+        if text and not text.endswith(TEMPLATE_END):
+            raise ProtocolError("schema", "'pt' does not end a template")
+        body["pt"] = text.split(TEMPLATE_END)[:-1]
+    return body
+
+
 class _TooDeep(Exception):
-    """Raised from msgpack's hooks: a container inside a list, or a map inside a map."""
+    """Raised from msgpack's hooks: an array inside an array, or any map (2.0 bodies have neither)."""
 
 
 def _flat_list(items: list) -> list:
     if any(isinstance(x, (list, dict)) for x in items):
-        raise _TooDeep("a list holds a container")
+        raise _TooDeep("an array holds a container")
     return items
 
 
-def _flat_map(pairs: dict) -> dict:
-    if any(isinstance(v, dict) for v in pairs.values()):
-        raise _TooDeep("a map holds a map")
-    return pairs
+def _no_map(pairs: dict) -> dict:
+    raise _TooDeep("a map in the body")
 
 
 def unpack_body(body: bytes, limits: DecodeLimits = _DEFAULT_LIMITS) -> Any:
-    """msgpack -> Python objects, never raising anything but ProtocolError (str keys only).
+    """msgpack -> Python objects, never raising anything but ProtocolError.
 
-    The body's shape is a map of scalars, bins and lists of scalars, so the hooks refuse any deeper
-    nesting the moment the first nested container is complete, and msgpack's length limits (from
-    `limits.msgpack_limits()`) refuse any string, bin, array or map longer than a valid body has: a body
-    of millions of nested empty arrays costs a few objects, not one Python list per byte.
+    A 2.0 body is one flat array of scalars and bins, so the hooks refuse any nested container and any
+    map the moment it is complete, and msgpack's length limits (from `limits.msgpack_limits()`) refuse any
+    string, bin, array or map longer than a valid body has: a body of millions of nested empty arrays
+    costs a few objects, not one Python list per byte.
     """
     try:
         return msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True, list_hook=_flat_list,
-                               object_hook=_flat_map, **limits.msgpack_limits())
+                               object_hook=_no_map, **limits.msgpack_limits())
     except _TooDeep as exc:
         raise ProtocolError("msgpack_limit", str(exc)) from None
     except ValueError as exc:
@@ -298,7 +433,7 @@ def decode_batch_strict(data: bytes, limits: DecodeLimits = _DEFAULT_LIMITS) -> 
 
     Tests and the fuzzer call this one, so a missed check shows up as the exception it really is.
     """
-    return body_to_batch(unpack_body(unframe(data, limits), limits), limits)
+    return body_to_batch(wire_to_body(unpack_body(unframe(data, limits), limits)), limits)
 
 
 def decode_batch(data: bytes, limits: DecodeLimits = _DEFAULT_LIMITS) -> RolloutBatch:

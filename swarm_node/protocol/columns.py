@@ -95,5 +95,7 @@ def quantize_logprobs(logprobs: np.ndarray, scale_bits: int) -> np.ndarray:
 
 
 def dequantize_logprobs(q: np.ndarray, scale_bits: int) -> np.ndarray:
-    """-q / 2**scale_bits as float32; exact because q <= Q_MAX < 2**24."""
-    return (-(q.astype(np.float64)) / float(1 << scale_bits)).astype(np.float32)
+    """-q / 2**scale_bits as float32; exact because q <= Q_MAX < 2**24 and the divisor is a power of two."""
+    out = q.astype(np.float32)
+    out *= np.float32(-1.0 / (1 << scale_bits))
+    return out

@@ -1,7 +1,8 @@
 """Structure-aware fuzzing of the batch decoder (used by tests/test_fuzz.py and benchmarks/fuzz_decode.py).
 
-Cases are valid batches with their msgpack body mutated field by field, encoded payloads with their
-bytes mutated, bombs (zstd of zeros, nested empty arrays, empty-plane columns) and random bytes. Each
+Cases are valid batches with their body mutated field by field, encoded payloads with their bytes
+mutated, bombs (zstd of zeros, nested empty arrays, empty-plane columns, copied prefixes) and random
+bytes. Each
 case is decoded with `decode_batch_strict`, so a missed check surfaces as the exception it raises rather
 than the `internal` safety net; an accepted batch is checked against the invariants docs/protocol.md
 promises (`check_invariants`). Pure numpy and msgpack: no torch, no network.
@@ -17,20 +18,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
 import numpy as np
 import zstandard
 
 from . import columns as col
+from . import pids as pid_codec
 from .batch import Completion, DecodeLimits, Group, RolloutBatch
-from .codec import ID_PACKED, ID_PLANES, batch_to_body, decode_batch_strict, encode_batch
+from .codec import ID_PACKED, ID_PLANES, batch_to_body, decode_batch_strict, encode_batch, pack_body
 from .errors import ProtocolError
 from .framing import HEADER, MAGIC, MAJOR, MINOR, frame
 from .validate import INT64_MAX
 
 VOCABS = (2, 3, 50, 256, 257, 1000, 151_936, 1 << 24)
-COLUMNS = ("ng", "pl", "cl", "pal", "idx", "lq")
-INT_KEYS = ("round", "vocab", "np", "pd", "idl", "lps")
+COLUMNS = ("pti", "pn", "ng", "pl", "cl", "cs", "ri", "pal", "idx", "lq", "lx")
+INT_KEYS = ("round", "vocab", "gn", "np", "pd", "idl", "lps")
 STR_KEYS = ("swarm", "task", "tok", "model")
 EDGE_INTS = (0, 1, -1, 2, 255, 256, 65535, 65536, (1 << 24) - 1, 1 << 24, (1 << 32) - 1, 1 << 32, INT64_MAX,
              -(1 << 63), (1 << 64) - 1)
@@ -64,8 +65,16 @@ def random_batch(rng: np.random.Generator) -> RolloutBatch:
         for _ in range(int(rng.integers(0, 5))):
             n = int(rng.integers(0, 40))
             lps = -rng.exponential(float(pick(rng, [0.0, 0.01, 1.0, 30.0])), n).astype(np.float32)
-            comps.append(Completion(ids(n), lps, float(pick(rng, [0.0, 1.0, -0.5, 1e30, float(rng.normal())]))))
-        groups.append(Group(f"p{gi}:{random_text(rng, 6)}", ids(int(rng.integers(0, 12))), comps))
+            tok = ids(n)
+            if comps and rng.random() < 0.4:  # repeats and shared prefixes, as sampled groups have them
+                src = comps[int(rng.integers(0, len(comps)))]
+                k = int(rng.integers(0, len(src.token_ids) + 1))
+                tok = np.concatenate([src.token_ids[:k], tok[k:]]).astype(np.int64)
+                lps = np.concatenate([src.logprobs[:k], lps[k:]])[: len(tok)].astype(np.float32)
+                lps = np.concatenate([lps, np.zeros(len(tok) - len(lps), np.float32)])
+            comps.append(Completion(tok, lps, float(pick(rng, [0.0, 1.0, -0.5, -0.0, 1e30, float(rng.normal())]))))
+        pid = f"p{gi}:{random_text(rng, 6)}" if rng.random() < 0.5 else f"t:{gi}:{int(rng.integers(0, 10**10))}-0{gi}"
+        groups.append(Group(pid, ids(int(rng.integers(0, 12))), comps))
     return RolloutBatch(random_text(rng), random_text(rng), random_text(rng, 40), random_text(rng),
                         int(pick(rng, [0, 1, 7, INT64_MAX])), vocab, groups)
 
@@ -158,21 +167,23 @@ def mutate_body(rng: np.random.Generator, body: dict) -> tuple[dict, str]:
             body[str(pick(rng, STR_KEYS))] = pick(rng, ["", "x" * 513, "é" * 300, 5, None])
             ops.append("string")
         elif op == 5:
-            pid = body.get("pid")
-            if isinstance(pid, list):
-                j = int(rng.integers(0, 3))
-                body["pid"] = pid[1:] if j == 0 else pid + [random_text(rng)] if j == 1 else pid + pid
-            ops.append("pid")
+            pt = body.get("pt")
+            if isinstance(pt, list):
+                j = int(rng.integers(0, 4))
+                extra = random_text(rng) + pid_codec.HOLE * int(rng.integers(0, 10))
+                body["pt"] = (pt[1:] if j == 0 else pt + [extra] if j == 1 else pt + pt if j == 2
+                              else [t.replace(pid_codec.HOLE, pick(rng, ["", pid_codec.END, "\udfff"])) for t in pt])
+            ops.append("pt")
         elif op == 6:
-            rw = body.get("rw")
-            if isinstance(rw, bytes) and len(rw) % 8 == 0:
-                arr = np.frombuffer(rw, "<f8").copy()
+            rv = body.get("rv")
+            if isinstance(rv, bytes) and len(rv) % 8 == 0:
+                arr = np.frombuffer(rv, "<f8").copy()
                 if arr.size and rng.integers(0, 2):
-                    arr[int(rng.integers(0, arr.size))] = pick(rng, [np.nan, np.inf, -np.inf, 1e308])
-                    body["rw"] = arr.tobytes()
+                    arr[int(rng.integers(0, arr.size))] = pick(rng, [np.nan, np.inf, -np.inf, 1e308, -0.0])
+                    body["rv"] = arr.tobytes()
                 else:
-                    body["rw"] = _mutate_bin(rng, rw)
-            ops.append("rw")
+                    body["rv"] = _mutate_bin(rng, rv)
+            ops.append("rv")
         elif op == 7:
             a, b = (str(x) for x in rng.choice(COLUMNS, 2, replace=False))
             body[a], body[b] = body.get(b), body.get(a)
@@ -226,11 +237,29 @@ def empty_planes_bomb(n_groups: int = 64, per_group: int = 1024, tokens: int = 1
     """Counts taken from small columns, token columns without a single plane (accepted before 1.1)."""
     g, c = n_groups, n_groups * per_group
     body = {
-        "swarm": "s", "task": "t", "tok": "f", "model": "m", "round": 0, "vocab": 2, "pid": [f"q{i}" for i in range(g)],
-        "ng": list(col.to_planes(np.full(g, per_group))), "pl": list(col.to_planes(np.zeros(g))), "cl": list(col.to_planes(np.full(c, tokens))),
-        "rw": bytes(8 * c), "np": 1, "pd": 1, "pal": [0, b""], "idl": ID_PACKED, "idx": [0, b""], "lps": 6, "lq": [0, b""],
+        "swarm": "s", "task": "t", "tok": "f", "model": "m", "round": 0, "vocab": 2, "gn": g, "pt": ["q" + pid_codec.HOLE],
+        "pti": list(col.to_planes(np.zeros(g))), "pn": list(col.to_planes(np.arange(g))),
+        "ng": list(col.to_planes(np.full(g, per_group))), "pl": list(col.to_planes(np.zeros(g))),
+        "cl": list(col.to_planes(np.full(c, tokens))), "cs": list(col.to_planes(np.zeros(c))), "rv": bytes(8),
+        "ri": [1, bytes((c + 7) // 8)], "np": 1, "pd": 1, "pal": [0, b""], "idl": ID_PACKED, "idx": [0, b""], "lps": 6,
+        "lq": [0, b""], "lx": [0, b""],
     }
-    return frame(msgpack.packb(body, use_bin_type=True), level=19)
+    return frame(pack_body(body), level=19)
+
+
+def shared_prefix_bomb(n_groups: int = 8, per_group: int = 16, tokens: int = 65536) -> bytes:
+    """One real completion per group and every other one a copy of it: few bytes on the wire for
+    n_groups * per_group * tokens tokens, which max_total_tokens must bound before anything is expanded."""
+    g, c = n_groups, n_groups * per_group
+    first = np.arange(c) % per_group == 0
+    return frame(pack_body({
+        "swarm": "s", "task": "t", "tok": "f", "model": "m", "round": 0, "vocab": 2, "gn": g, "pt": ["q"],
+        "pti": list(col.to_planes(np.zeros(g))), "pn": [0, b""], "ng": list(col.to_planes(np.full(g, per_group))),
+        "pl": list(col.to_planes(np.zeros(g))), "cl": list(col.to_planes(np.full(c, tokens))),
+        "cs": list(col.to_planes(np.where(first, 0, tokens * 16 + 1))), "rv": bytes(8),
+        "ri": [1, bytes((c + 7) // 8)], "np": 1, "pd": 1, "pal": [1, b"\0"], "idl": ID_PLANES,
+        "idx": [1, bytes(g * tokens)], "lps": 6, "lq": [1, bytes(g * tokens)], "lx": [0, b""],
+    }), level=19)
 
 
 def bombs() -> list[tuple[str, bytes]]:
@@ -241,6 +270,7 @@ def bombs() -> list[tuple[str, bytes]]:
         ("deep_arrays_100k", nested_arrays_bomb(100_000, deep=True)),
         ("empty_planes_2^23_tokens", empty_planes_bomb()),
         ("empty_planes_2^26_tokens", empty_planes_bomb(per_group=1024, tokens=1024)),
+        ("shared_prefix_2^23_tokens", shared_prefix_bomb()),
     ]
 
 
@@ -378,7 +408,7 @@ def generate(rng: np.random.Generator, family: str) -> Iterator[tuple[str, bytes
         layout = int(pick(rng, [ID_PACKED, ID_PLANES]))
         if family == "body":
             body, what = mutate_body(rng, batch_to_body(batch, layout))
-            yield what, frame(msgpack.packb(body, use_bin_type=True), level=1)
+            yield what, frame(pack_body(body), level=1)
         else:
             data, what = mutate_bytes(rng, encode_batch(batch, id_layout=layout, level=1))
             yield what, data

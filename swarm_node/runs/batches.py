@@ -1,5 +1,6 @@
 """Rollout batches for measuring and testing the wire codec: sampled from a tiny random model, remapped to a
-Qwen-sized vocabulary, or synthetic Zipf batches. Used by benchmarks/wire.py and tests/test_protocol.py.
+Qwen-sized vocabulary, synthetic Zipf batches, or what a trained tiny preset publishes (preset_batches), and
+plain-JSON fixtures of them. Used by benchmarks/wire.py, tests/test_protocol.py and tests/test_wire_size.py.
 """
 
 from __future__ import annotations
@@ -94,3 +95,45 @@ def zipf_batch(n_prompts: int = 16, group_size: int = 12, mean_len: int = 250, s
             comps.append(Completion(ids(n), lp.astype(np.float32), float(rng.random() < 0.5)))
         groups.append(Group(f"prompt-{p}", ids(80), comps))
     return RolloutBatch("bench-swarm", "zipf", "f" * 64, "synthetic", 1, QWEN_VOCAB, groups)
+
+
+def preset_batches(preset: str, seed: int, rounds: int = 1, prompts: int = 16, group_size: int = 8,
+                   max_new: int = 6, swarm_id: str = "demo") -> list[RolloutBatch]:
+    """What a demo node publishes: batches sampled by a trained tiny preset (`swarm-node make-model`, found in
+    $SWARM_NODE_PRESETS or built there) through GRPONode.generate, with the node's own rewards and metadata.
+    Defaults are peers/tiny-s.yaml's round: 16 arithmetic prompts x 8 completions of up to 6 tokens."""
+    import tempfile
+    from pathlib import Path
+
+    from swarm_node.config import NodeConfig
+    from swarm_node.node.grpo_node import GRPONode
+
+    cfg = NodeConfig.model_validate({
+        "seed": seed, "model": {"path": preset},
+        "task": {"name": "arithmetic", "prompts_per_round": prompts},
+        "generation": {"num_generations": group_size, "max_new_tokens": max_new},
+    })
+    with tempfile.TemporaryDirectory() as tmp:
+        node = GRPONode(cfg, Path(tmp))
+        return [node.generate(r).to_batch(swarm_id=swarm_id, task_id=node.task.task_id,
+                                          tokenizer_fp=node.loaded.tokenizer_fp, model_name=node.loaded.name,
+                                          round_=r, vocab_size=node.loaded.vocab_size)
+                for r in range(1, rounds + 1)]
+
+
+def batch_to_json(batch: RolloutBatch) -> dict:
+    """A batch as plain JSON (test fixtures): ids, float32 log-probs as floats, rewards."""
+    return {"swarm_id": batch.swarm_id, "task_id": batch.task_id, "tokenizer_fp": batch.tokenizer_fp,
+            "model_name": batch.model_name, "round": batch.round, "vocab_size": batch.vocab_size,
+            "groups": [{"prompt_id": g.prompt_id, "prompt_ids": np.asarray(g.prompt_ids).tolist(),
+                        "completions": [{"ids": np.asarray(c.token_ids).tolist(),
+                                         "logprobs": np.asarray(c.logprobs, np.float32).tolist(), "reward": c.reward}
+                                        for c in g.completions]} for g in batch.groups]}
+
+
+def batch_from_json(obj: dict) -> RolloutBatch:
+    groups = [Group(g["prompt_id"], np.array(g["prompt_ids"], dtype=np.int64),
+                    [Completion(np.array(c["ids"], dtype=np.int64), np.array(c["logprobs"], dtype=np.float32),
+                                float(c["reward"])) for c in g["completions"]]) for g in obj["groups"]]
+    return RolloutBatch(obj["swarm_id"], obj["task_id"], obj["tokenizer_fp"], obj["model_name"], obj["round"],
+                        obj["vocab_size"], groups)

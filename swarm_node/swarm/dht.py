@@ -16,6 +16,10 @@ from hivemind.utils.multiaddr import Multiaddr
 from swarm_node.config import SwarmConfig
 from swarm_node.errors import UserFacingError
 
+DHT_REPLICAS = 3
+"""Nodes a record is stored on (hivemind's default is 5). Every record here is re-stored well within its
+TTL by its owner, so 3 replicas survive churn, and each store sends the record to 2 fewer nodes."""
+
 
 def ensure_identity(identity_path: str | None) -> tuple[str, tempfile.TemporaryDirectory | None, bool]:
     """(path, temp dir to clean up, newly created) of an identity file, created if missing (parent dirs too).
@@ -73,6 +77,10 @@ def start_dht(
                 check_if_identity_free=check_identity,
                 startup_timeout=cfg.bootstrap_timeout_s,
                 bootstrap_timeout=cfg.bootstrap_timeout_s,
+                num_replicas=DHT_REPLICAS,
+                # a get would otherwise copy the whole value (the membership dictionary, one record per
+                # peer) to the nearest node lacking it: a store of O(swarm) bytes on every read
+                cache_nearest=0,
             )._wait_ready(cfg.bootstrap_timeout_s + 5.0)
         except UserFacingError:
             raise

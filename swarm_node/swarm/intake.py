@@ -163,8 +163,11 @@ class Intake:
 
     # ---- what the round loop calls ----
 
-    def take(self, k: int, accept=None, *, min_round: int | None = None) -> tuple[list[Buffered], list[Offer]]:
+    def take(self, k: int, accept=None, *, min_round: int | None = None,
+             choose=None) -> tuple[list[Buffered], list[Offer]]:
         """Up to k fresh batches of distinct peers, chosen at random; (taken, offers to fetch now).
+
+        `choose(offers, k)`: when given, picks the indices to take instead (e.g. NewcomerGate.choose).
 
         Batches that have gone stale are dropped (counted `stale_age` / `stale_version`); ones the
         `accept` filter declines stay buffered (counted `declined`). `min_round` (lockstep) skips, but
@@ -184,6 +187,8 @@ class Intake:
                         self.counts["declined"] += 1
                 ready = ok
             chosen = self.rng.sample(ready, min(k, len(ready))) if k > 0 else []
+            if choose is not None and k > 0:
+                chosen = [ready[i] for i in choose([p.slot.offer for p in ready], k)][:k]
             taken = []
             for p in chosen:
                 taken.append(p.slot)

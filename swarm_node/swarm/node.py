@@ -81,6 +81,12 @@ MAX_DOWNLOADS = 4
 VIEW_READ_PEERS = 8  # membership is read every heartbeat up to this many peers, proportionally less often beyond
 MAX_VIEW = 4096  # peers we may push to (membership + pushers); the intake keeps state for as many
 PUSH_TIMEOUT_S = 5.0
+STORE_BEAM = 4
+"""Beam width of the Kademlia lookup before a store (hivemind's default is the bucket size, 20). Every
+node that lookup visits and that holds the key answers with the whole value: for the membership key,
+one record per peer, so below 20 peers a store cost O(swarm^2) bytes. A beam just above DHT_REPLICAS
+still finds the replicas' nodes and visits a bounded number of holders."""
+MEMBER_REFRESHES_PER_TTL = 3  # the membership record is re-stored 3 times per TTL (lives through 2 misses)
 
 
 @dataclass
@@ -137,8 +143,8 @@ class SwarmNode:
         self._downloads: asyncio.Semaphore | None = None
         self._last_round_stats: dict | None = None
         self._next_view_read = 0.0
-        self._beats = 0
-        self._batch_in_dht = False
+        self._next_member_store = 0.0  # monotonic times the membership / batch DHT records are due
+        self._next_batch_store = 0.0
         self._rejected: dict[str, int] = {}
         self._warned: set[tuple] = set()
         self._stat_lock = threading.Lock()
@@ -460,14 +466,17 @@ class SwarmNode:
 
     def receive(self, k: int, *, accept: Callable[[R.MemberRecord], bool] | None = None,
                 lockstep: bool = False, round: int = 0, staleness: int = 0,
-                deadline_s: float = 0.0) -> RoundIntake:
+                deadline_s: float = 0.0, choose: Callable[[list, int], list[int]] | None = None) -> RoundIntake:
         """Peers' batches for one round (at most one per peer, at most k), plus this round's exchange costs.
 
         Async (default): takes what has arrived, at once; nothing arrived -> no batches. Lockstep: waits up
         to `deadline_s` until min(k, accepted live peers) batches of rounds >= round - staleness are there.
+        `choose(offers, k)`: which of the ready offers to take (default: k at random), e.g. a bounded
+        share for identities not yet established (node.rollouts.NewcomerGate).
         """
         t0 = time.perf_counter()
-        batches = self._take(k, accept, lockstep, round, staleness, deadline_s) if k > 0 and not self._closed else []
+        batches = (self._take(k, accept, lockstep, round, staleness, deadline_s, choose)
+                   if k > 0 and not self._closed else [])
         waited = time.perf_counter() - t0
         st = self.round_stats()
         events = {e: st[e] for e in EVENTS if st.get(e)}
@@ -485,7 +494,7 @@ class SwarmNode:
             return []
         return self._take(k, accept, True, int(round), staleness, deadline_s)
 
-    def _take(self, k, accept, lockstep, round_, staleness, deadline_s) -> list[Received]:
+    def _take(self, k, accept, lockstep, round_, staleness, deadline_s, choose=None) -> list[Received]:
         def ok(offer: Offer) -> bool:
             return accept is None or self._accepts(accept, offer.info["member"])
 
@@ -502,7 +511,7 @@ class SwarmNode:
                     if left <= 0:
                         break
                     self.intake.cond.wait(min(left, POLL_S))
-        taken, refetch = self.intake.take(k, ok, min_round=min_round)
+        taken, refetch = self.intake.take(k, ok, min_round=min_round, choose=choose)
         for offer in refetch:
             self._run_soon(self._download_offer(offer))
         out = []
@@ -542,19 +551,20 @@ class SwarmNode:
         except Exception:
             return False
 
-    def _announce(self, kind: str) -> None:
+    def _announce(self, kind: str, ttl: float | None = None) -> None:
         with self._blob_lock:
             entries = [e.model_dump() for _p, e in self._blobs[kind].values()]
         if not entries:
             return
         value = {"peer_id": self.peer_id, "updated": float(time.time()), "blobs": entries}
-        self._store(R.blobs_key(self.cfg.swarm_id, kind), value)
+        self._store(R.blobs_key(self.cfg.swarm_id, kind), value, ttl=ttl)
 
-    def _store(self, key: str, value) -> bool:
+    def _store(self, key: str, value, ttl: float | None = None) -> bool:
         with self._stat_lock:
             self._counts["control_bytes_out"] += len(key) + len(self._subkey) + len(MSGPackSerializer.dumps(value))
         try:
-            ok = self._dht_call("store", key, value, time.time() + self.cfg.record_ttl_s, subkey=self._subkey)
+            ok = self._dht_call("store", key, value, time.time() + (ttl or self.cfg.record_ttl_s), subkey=self._subkey,
+                                beam_size=STORE_BEAM)
         except Exception as exc:
             self.log.warning("storing %s failed (will retry on the next heartbeat): %s", key, exc)
             return False
@@ -700,18 +710,27 @@ class SwarmNode:
         for reason, n in self._refusals.poll(self._dht_call).items():  # records our DHT child refused
             with self._stat_lock:
                 self._rejected[reason] = self._rejected.get(reason, 0) + n
-        self._store(R.members_key(self.cfg.swarm_id), self._member_record())
-        self._announce("params")  # DPO neighbours poll it for the round they need
-        # the batch DHT record is for `status` and tools only (peers learn of batches by push): refreshed
-        # twice per TTL, not every heartbeat, since each DHT store costs a lookup across the swarm
-        self._beats += 1
-        if not self._batch_in_dht or self._beats % max(1, int(self.cfg.record_ttl_s / (2 * self.cfg.heartbeat_s))) == 0:
+        now = time.monotonic()
+        with self._view_lock:
+            n = len(self._view)
+        # One DHT key holds every peer's membership record, and each DHT node that a store's lookup visits
+        # and that holds the key answers with all of it: a store costs O(N) bytes. So, like the read, it is
+        # done proportionally less often beyond VIEW_READ_PEERS peers (and at least 3 times per TTL), with
+        # an expiry of 3 periods: its bytes per second stay flat. Liveness between stores is seen in pushes.
+        period = max(self.cfg.record_ttl_s / MEMBER_REFRESHES_PER_TTL, self.cfg.heartbeat_s * max(1.0, n / VIEW_READ_PEERS))
+        ttl = max(self.cfg.record_ttl_s, MEMBER_REFRESHES_PER_TTL * period)
+        if now >= self._next_member_store:
+            if self._store(R.members_key(self.cfg.swarm_id), self._member_record(), ttl=ttl):
+                self._next_member_store = now + period - 0.5
+        self._announce("params")  # DPO neighbours poll it for the round they need (small rings: every beat)
+        # the batch DHT record is for `status` and tools only (peers learn of batches by push); it is one
+        # key with a subkey per peer as well, so it follows the same schedule
+        if now >= self._next_batch_store:
             with self._blob_lock:
                 has_batch = bool(self._blobs["batch"])
             if has_batch:
-                self._announce("batch")
-                self._batch_in_dht = True
-        now = time.monotonic()
+                self._announce("batch", ttl=ttl)
+                self._next_batch_store = now + period - 0.5
         if now >= self._next_view_read:
             self._refresh_view(latest=False)
             with self._view_lock:
@@ -795,5 +814,6 @@ class SwarmNode:
             return
         with self._stat_lock:
             self._counts["dht_restarts"] += 1
+        self._next_member_store = self._next_batch_store = 0.0  # the next heartbeat re-stores both at once
         self._heartbeat()
         self.log.warning("DHT restarted and swarm rejoined in %.1fs", time.monotonic() - t0)

@@ -1,0 +1,139 @@
+"""F-TIS's filter threshold g: accuracy and filtered share over g in {5, 10, 50, 100, 200}, over seeds.
+
+A tiny-s learner trains with F-TIS on its own groups plus groups sampled by a frozen tiny-m (another
+architecture and size: the off-policy samples the filter is for), once per g, with the same seed, prompts
+and source for every g of a seed. The filter drops negative-advantage external sequences whose mean
+per-token divergence exceeds g (docs/algorithms.md); g = 50 is the default (`training.filter_threshold`).
+
+Reported per g: held-out accuracy at the end (mean +- std over seeds), the filtered share of external
+sequences, and the paired difference against g = 50 on the same problems and seeds, with its standard
+error and a verdict ("cannot tell" unless beyond 2 SE; swarm_node/runs/stats.py).
+
+    python benchmarks/g_ablation.py --seeds 3 --json g_ablation.json
+    python benchmarks/g_ablation.py --quick --seeds 2
+    python benchmarks/g_ablation.py --merge g-s0.json g-s1.json g-s2.json   # seeds run as separate jobs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from swarm_node.config import NodeConfig
+from swarm_node.evaluation import score_prompts
+from swarm_node.node.grpo_node import GRPONode
+from swarm_node.runs.stats import combined_se, fmt_ms, mean_std, paired_se, verdict
+
+GS = (5.0, 10.0, 50.0, 100.0, 200.0)
+DEFAULT_G = 50.0
+
+
+def node(model: str, g: float, seed: int, args: argparse.Namespace, workdir: Path) -> GRPONode:
+    cfg = NodeConfig.model_validate({
+        "seed": seed,
+        "model": {"path": model},
+        "task": {"name": "arithmetic", "prompts_per_round": args.prompts, "eval_n": args.eval_n},
+        "generation": {"num_generations": 8, "max_new_tokens": 6},
+        "training": {"variant": "ftis", "filter_threshold": g},
+    })
+    torch.manual_seed(seed)
+    return GRPONode(cfg, workdir)
+
+
+def hits(n: GRPONode, eval_n: int) -> list[bool]:
+    out, _ = score_prompts(n.loaded.model, n.tok, n.task, n.task.eval_prompts("id", eval_n),
+                           n.cfg.generation.max_new_tokens, batch_size=64)
+    return [bool(h) for h in out]
+
+
+def run_one(g: float, seed: int, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        source = node(args.source, DEFAULT_G, 1000 + seed, args, Path(tmp) / "src")
+        learner = node(args.learner, g, seed, args, Path(tmp) / "learner")
+        learner.external_source = lambda r: source.generate(r).train_groups(source=args.source)
+        rows = [learner.run_round() for _ in range(args.rounds)]
+        end = hits(learner, args.eval_n)
+    external = sum(r["external_groups"] for r in rows) * 8
+    return {"g": g, "seed": seed, "acc": float(np.mean(end)), "hits": end,
+            "filtered": sum(r["filtered_external"] for r in rows), "external_sequences": external,
+            "filtered_share": sum(r["filtered_external"] for r in rows) / external if external else None}
+
+
+def summarise(runs: list[dict]) -> list[dict]:
+    base = {r["seed"]: r for r in runs if r["g"] == DEFAULT_G}
+    table = []
+    for g in sorted({r["g"] for r in runs}):
+        rows = [r for r in runs if r["g"] == g]
+        entry = {"g": g, "seeds": sorted(r["seed"] for r in rows), "acc": mean_std([r["acc"] for r in rows]),
+                 "filtered_share": mean_std([r["filtered_share"] for r in rows])}
+        paired = [(r, base[r["seed"]]) for r in rows if r["seed"] in base]
+        if g != DEFAULT_G and paired:
+            diffs = [a["acc"] - b["acc"] for a, b in paired]
+            se = combined_se([paired_se(a["hits"], b["hits"]) for a, b in paired], diffs)
+            entry.update(diff=float(np.mean(diffs)), se=se, verdict=verdict(float(np.mean(diffs)), se))
+        else:
+            entry.update(diff=float("nan"), se=float("nan"), verdict="-")
+        table.append(entry)
+    return table
+
+
+def show(table: list[dict], header: str) -> None:
+    print(f"\n{header}\n")
+    print(f"{'g':>6s} {'seeds':>9s} {'held-out acc':>16s} {'filtered share':>16s} {'vs g=50 (paired)':>18s}  verdict")
+    for e in table:
+        diff = "-" if np.isnan(e["diff"]) else f"{e['diff']:+.3f} +- {e['se']:.3f}"
+        print(f"{e['g']:6g} {','.join(map(str, e['seeds'])):>9s} {fmt_ms(e['acc']):>16s} "
+              f"{fmt_ms(e['filtered_share']):>16s} {diff:>18s}  {e['verdict']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke size: 4 rounds, 8 prompts, n=100, g in {5, 50}")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0, help="first seed")
+    ap.add_argument("--g", type=float, nargs="+", default=list(GS))
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--eval-n", type=int, default=400)
+    ap.add_argument("--learner", default="tiny-s")
+    ap.add_argument("--source", default="tiny-m")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, help="summarise runs from these --json files")
+    args = ap.parse_args()
+    if args.merge:
+        docs = [json.loads(p.read_text()) for p in args.merge]
+        runs = [r for d in docs for r in d["runs"]]
+        a = docs[0]["args"]
+        show(summarise(runs), f"merged {len(args.merge)} files: {a['rounds']} rounds, {a['prompts']} prompts x 8, "
+                              f"held-out n={a['eval_n']}")
+        return
+    if args.quick:
+        args.rounds, args.prompts, args.eval_n, args.g = 4, 8, 100, [5.0, DEFAULT_G]
+    if DEFAULT_G not in args.g:
+        args.g = [*args.g, DEFAULT_G]
+    torch.set_num_threads(1)
+    t0, runs = time.perf_counter(), []
+    for seed in range(args.seed, args.seed + args.seeds):
+        for g in args.g:
+            r = run_one(g, seed, args)
+            runs.append(r)
+            print(f"[{time.perf_counter() - t0:5.0f}s] seed {seed} g {g:g}: acc {r['acc']:.3f}, filtered "
+                  f"{r['filtered']} of {r['external_sequences']}", flush=True)
+    table = summarise(runs)
+    show(table, f"{args.learner} learner + frozen {args.source} samples, F-TIS, {args.rounds} rounds, {args.prompts} "
+                f"prompts x 8 per round (own and external), held-out n={args.eval_n}; mean +- std over seeds")
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items() if k != "merge"},
+                                         "table": table, "runs": runs}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

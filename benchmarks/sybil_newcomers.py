@@ -1,0 +1,150 @@
+"""What the newcomer gate (node.rollouts.NewcomerGate) buys against Sybils, and what it costs honest newcomers.
+
+A pure simulation of one receiving node's round choice: the real Intake (swarm/intake.py) and the real
+gate, driven round by round with the node's own order (take K ranked offers; admit; every batch here
+passes its checks, so the only thing an attacker spends is identities). Scenarios:
+
+- cold start: H honest peers, all new at round 1: slots used per round (the gate's cost to a new swarm);
+- flood: 3 honest peers (established by round 6), then S fresh Sybil identities every round from round 8:
+  the honest share of the slots used (what the gate buys);
+- late newcomer: an honest peer first heard in round 8 behind N queued newcomers (Sybils), with the flood
+  going on: rounds until it is first used, and until it is established.
+
+    python benchmarks/sybil_newcomers.py [--k 4] [--sybils 40] [--seeds 3] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+
+from swarm_node.node.rollouts import NewcomerGate
+from swarm_node.swarm.intake import Freshness, Intake, Offer
+
+
+def simulate(rounds: int, peers_at, k: int, gate: NewcomerGate | None, seed: int) -> list[list[str]]:
+    """Per round, the peers whose batches were used. `peers_at(r)` lists the peers offering in round r."""
+    clock = [1_000_000.0]
+    intake = Intake(Freshness(), max_batches=100_000, max_bytes=10**12, clock=lambda: clock[0],
+                    rng=random.Random(seed))
+    used_by_round = []
+    for r in range(1, rounds + 1):
+        clock[0] += 1.0
+        for pid in peers_at(r):
+            _v, fetch = intake.offer(Offer(pid, r, r - 1, clock[0], 10, "0" * 64, {}))
+            if fetch is not None:
+                intake.fetched(fetch, b"x" * 10)
+        taken, refetch = intake.take(k, choose=None if gate is None else gate.choose)
+        for o in refetch:  # the peers' newer offers, downloaded at once
+            intake.fetched(o, b"x" * 10)
+        used = []
+        if gate is not None:
+            gate.start_round(r)
+            taken = sorted(taken, key=lambda b: gate.rank(b.offer.peer_id))
+        for b in taken:
+            pid = b.offer.peer_id
+            if gate is not None and not gate.admit(pid):
+                continue
+            used.append(pid)
+            if gate is not None:
+                gate.passed(pid, r)
+        used_by_round.append(used)
+    return used_by_round
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--honest", type=int, default=8)
+    ap.add_argument("--sybils", type=int, default=40)
+    ap.add_argument("--queued", type=int, nargs="+", default=[0, 10, 40])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    seeds = range(1 if args.quick else args.seeds)
+    k = args.k
+
+    def gate(seed=0):
+        return NewcomerGate(max_new=max(1, k // 4), rng=random.Random(seed))  # max_new: what GRPONode uses
+
+    out: dict = {"k": k, "max_new": max(1, k // 4), "established_after": gate().established_after}
+    honest = [f"h{i}" for i in range(args.honest)]
+    cold = {}
+    for name, g in (("without gate", None), ("with gate", "g")):
+        per = np.mean([[len(u) for u in simulate(10, lambda r: honest, k, gate() if g else None, s)] for s in seeds], 0)
+        cold[name] = [round(float(x), 2) for x in per]
+    out["cold_start_slots_per_round"] = cold
+    print(f"cold start, {args.honest} honest peers new at round 1, K={k}: external batches used in rounds 1..10")
+    for name, v in cold.items():
+        print(f"  {name:<13} {v}")
+
+    three = ["h0", "h1", "h2"]
+
+    def flood(r):
+        return three + ([f"s{r}-{i}" for i in range(args.sybils)] if r >= 8 else [])
+
+    flood_share = {}
+    for name, g in (("without gate", None), ("with gate", "g")):
+        shares = []
+        for s in seeds:
+            used = simulate(args.rounds, flood, k, gate(s) if g else None, s)[8:]
+            shares.append(sum(p in three for u in used for p in u) / max(1, sum(len(u) for u in used)))
+        flood_share[name] = round(float(np.mean(shares)), 3)
+    out["flood_honest_share"] = flood_share
+    print(f"\nflood: 3 established honest peers, {args.sybils} fresh Sybil identities a round from round 8: "
+          f"honest share of slots used (rounds 9..{args.rounds})")
+    for name, v in flood_share.items():
+        print(f"  {name:<13} {v:.3f}")
+
+    def persistent(r):  # the same Sybil identities every round: they establish, one slot at a time
+        return three + ([f"p{i}" for i in range(args.sybils)] if r >= 8 else [])
+
+    kept = {}
+    for name, g in (("without gate", None), ("with gate", "g")):
+        per = {}
+        for span in ((9, 30), (31, 100)):
+            shares = []
+            for s in seeds:
+                used = simulate(span[1], persistent, k, gate(s) if g else None, s)[span[0] - 1:]
+                shares.append(sum(p in three for u in used for p in u) / max(1, sum(len(u) for u in used)))
+            per[f"rounds {span[0]}..{span[1]}"] = round(float(np.mean(shares)), 3)
+        kept[name] = per
+    out["persistent_sybils_honest_share"] = kept
+    print(f"\npersistent Sybils: the same {args.sybils} identities every round from round 8 (they pass every check, "
+          f"so they establish): honest share of slots used")
+    for name, v in kept.items():
+        print(f"  {name:<13} " + ", ".join(f"{a}: {b:.3f}" for a, b in v.items()))
+
+    late = {}
+    print(f"\nlate honest newcomer, first heard in round 8 behind N newcomers heard before it (K={k}, "
+          f"{args.sybils} new Sybils a round): rounds until first used / established (with gate)")
+    for n in args.queued:
+        firsts, ests = [], []
+        for s in seeds:
+            g = gate(s)
+
+            def peers(r, n=n):
+                ps = list(three) + [f"q{i}" for i in range(n)] if r >= 8 else list(three)
+                if r >= 8:
+                    ps.append("late")
+                return ps + ([f"s{r}-{i}" for i in range(args.sybils)] if r >= 8 else [])
+            used = simulate(200, peers, k, g, s)
+            hit = [r + 1 for r, u in enumerate(used) if "late" in u]
+            firsts.append(hit[0] - 8 if hit else float("nan"))
+            ests.append(hit[g.established_after - 1] - 8 if len(hit) >= g.established_after else float("nan"))
+        late[n] = {"first_used": float(np.mean(firsts)), "established": float(np.mean(ests))}
+        print(f"  N={n:<4} first used after {late[n]['first_used']:.1f} rounds, established after "
+              f"{late[n]['established']:.1f}")
+    out["late_newcomer"] = late
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,576 @@
+"""A misbehaving swarm peer, for tests and benchmarks/attack.py (a test helper, not a product feature).
+
+It is a real process that joins a real hivemind swarm through the node's own swarm stack (SwarmNode:
+DHT child, p2pd, signed records, pushes and the blob handler) and builds its batches with the project's
+own encoders from samples of a real tiny model (a GRPONode with the swarm disabled), corrupting only what
+each attack needs. It follows the honest peers' round and runs its modes one after another, each for
+`--rounds-per-mode` honest rounds, with a quiet gap between modes; it writes what it did to `--out`
+(JSON: its peer id, and per mode the unix times it ran), so a reader can attribute an honest node's
+rejections to the attack that caused them.
+
+    python tests/adversary.py --model-dir DIR --maddr MADDR --swarm-id S --out F [--modes a,b] [...]
+
+MODES maps each mode to the reasons an honest GRPO node must count for it (`rejected` keys of its
+metrics rows; "rewards_overridden" is the row's own count). A few are expected to cost nothing visible:
+a request that is never read does not hold an upload slot while a whole batch fits the socket buffers
+(tiny models' batches do; tests/test_hostile_transfer.py stalls a 4 MiB blob), and a forged write under
+another peer's subkey is refused by every storer's signature check before our validators see it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+MODES: dict[str, tuple[str, ...]] = {
+    # what a batch says
+    "false_rewards": ("rewards_overridden",),
+    "nan_rewards": ("protocol:reward_not_finite",),
+    "extreme_logprobs": ("logprob_outlier",),
+    "ids_over_vocab": ("protocol:id_out_of_range",),
+    "length_mismatch": ("protocol:",),  # whichever count check sees it first
+    "wrong_tokenizer": ("tokenizer_mismatch",),
+    "wrong_task": ("task_mismatch",),
+    "fabricate_positive": ("logprob_skew",),
+    "fabricate_all": ("logprob_outlier",),
+    # how big or costly it is
+    "oversize": ("swarm:too_large",),
+    "zstd_bomb": ("protocol:decompressed_too_large",),
+    "msgpack_bomb": ("protocol:msgpack_limit",),
+    "empty_planes": ("protocol:missing_planes",),
+    # when it was made, and by whom
+    "stale": ("swarm:stale_age",),
+    "future": ("swarm:future_round",),
+    "replay_verbatim": ("replayed_group",),
+    "replay_reencoded": ("replayed_group",),
+    # the network
+    "flood": ("swarm:future_round",),
+    "sybil": ("newcomer_capped",),
+    "overwrite_records": ("swarm:record_owner",),
+    "wrong_digest": ("swarm:digest_mismatch",),
+    "stall": (),
+    "junk_requests": ("swarm:bad_request",),
+}
+BATCH_MODES = ("false_rewards", "nan_rewards", "extreme_logprobs", "ids_over_vocab", "length_mismatch",
+               "wrong_tokenizer", "wrong_task", "fabricate_positive", "fabricate_all", "zstd_bomb", "msgpack_bomb",
+               "empty_planes", "stale", "future", "replay_verbatim", "replay_reencoded", "wrong_digest")
+MIN_ROUNDS = {"fabricate_positive": 4, "sybil": 3}  # the skew audit needs a few batches of mixed groups per peer
+FABRICATE_DELTA = 1.0  # nats taken off the claimed log-probs (exp(1) = 2.7x: the F-TIS cap's full 2x)
+
+log = logging.getLogger("adversary")
+
+
+# ---- batches: real samples, the project's encoders, one corruption each ----
+
+
+class Forge:
+    """Makes the batches: samples of a real tiny model plus each group's right answer, claimed log-probs
+    computed by the same model (so a clean batch passes every check), then corrupted per mode."""
+
+    def __init__(self, model_dir: str, swarm_id: str, seed: int, prompts: int, state_dir: Path) -> None:
+        import torch
+
+        from swarm_node.config import NodeConfig
+        from swarm_node.node.grpo_node import GRPONode
+
+        torch.set_num_threads(1)
+        cfg = NodeConfig.model_validate({
+            "seed": seed, "model": {"path": model_dir}, "swarm": {"enabled": False, "swarm_id": swarm_id},
+            "task": {"name": "arithmetic", "prompts_per_round": prompts, "eval_n": 8},
+            "generation": {"num_generations": 8, "max_new_tokens": 6},  # as peers/tiny-s.yaml
+        })
+        self.node = GRPONode(cfg, state_dir)
+        self.swarm_id = swarm_id
+
+    def groups(self, r: int, salt: int = 0):
+        """TrainGroups of round r: sampled completions plus the right answer; honest log-probs; recomputed rewards."""
+        from swarm_node.training.groups import TrainGroup
+
+        n = self.node
+        local = n.generate(r * 7919 + salt)
+        out = []
+        for p, pids, ss in zip(local.prompts, local.prompt_ids, local.samples, strict=True):
+            comps = [np.asarray(s.token_ids) for s in ss]
+            answer = n.tok(p.answer, add_special_tokens=False)["input_ids"] + [n.tok.eos_token_id]
+            comps[0] = np.asarray(answer)  # one right answer per group, so advantages are mixed
+            g = TrainGroup(prompt_ids=np.asarray(pids), completions=comps,
+                           behaviour_logprobs=[np.zeros(len(c), np.float32) for c in comps],
+                           rewards=np.zeros(len(comps), np.float32), source="adversary")
+            out.append((p, g))
+        lps = n.trainer.completion_logprobs([g for _p, g in out])
+        for (p, g), lp in zip(out, lps, strict=True):
+            g.behaviour_logprobs = [np.minimum(np.asarray(x, np.float32), 0.0) for x in lp]
+            g.rewards = np.array([n.task.reward(p, n.tok.decode(c.tolist(), skip_special_tokens=True))
+                                  for c in g.completions], np.float32)
+        return out
+
+    def batch(self, r: int, *, salt: int = 0, delta: float = 0.0, everywhere: bool = False, invert: bool = False,
+              task_id: str | None = None, tokenizer_fp: str | None = None, model_name: str = "adversary"):
+        from swarm_node.protocol import Completion, Group, RolloutBatch
+
+        n = self.node
+        groups = []
+        for p, g in self.groups(r, salt):
+            rew = np.asarray(g.rewards, np.float64)
+            comps = []
+            for c, b, rw in zip(g.completions, g.behaviour_logprobs, rew, strict=True):
+                lower = delta if delta and (everywhere or rw > rew.mean() + 1e-9) else 0.0
+                comps.append(Completion(c, np.asarray(b, np.float64) - lower, float(1.0 - rw if invert else rw)))
+            groups.append(Group(prompt_id=p.id, prompt_ids=g.prompt_ids, completions=comps))
+        return RolloutBatch(swarm_id=self.swarm_id, task_id=task_id or n.task.task_id,
+                            tokenizer_fp=tokenizer_fp or n.loaded.tokenizer_fp, model_name=model_name, round=r,
+                            vocab_size=n.loaded.vocab_size, groups=groups)
+
+    def payload(self, mode: str, r: int) -> bytes:
+        from swarm_node.protocol import encode_batch
+        from swarm_node.protocol.codec import batch_to_body
+        from swarm_node.protocol.framing import frame
+        from swarm_node.protocol.fuzz import empty_planes_bomb, nested_arrays_bomb, zeros_bomb
+
+        if mode == "zstd_bomb":
+            return zeros_bomb(256 << 20)
+        if mode == "msgpack_bomb":
+            return nested_arrays_bomb(100_000)  # 100k empty arrays in 100 kB (under the body cap: msgpack limits)
+        if mode == "empty_planes":
+            return empty_planes_bomb(n_groups=4, per_group=8, tokens=16)  # counts within the receive limits
+        if mode == "false_rewards":
+            return encode_batch(self.batch(r, invert=True))
+        if mode == "wrong_tokenizer":
+            return encode_batch(self.batch(r, tokenizer_fp="not-" + self.node.loaded.tokenizer_fp[:16]))
+        if mode == "wrong_task":
+            return encode_batch(self.batch(r, task_id="gsm8k"))
+        if mode == "fabricate_positive":
+            return encode_batch(self.batch(r, delta=FABRICATE_DELTA))
+        if mode == "fabricate_all":
+            return encode_batch(self.batch(r, delta=FABRICATE_DELTA, everywhere=True))
+        body = batch_to_body(self.batch(r))
+        if mode == "nan_rewards":
+            rw = np.frombuffer(body["rw"], "<f8").copy()
+            rw[0] = np.nan
+            body["rw"] = rw.tobytes()
+        elif mode == "extreme_logprobs":  # NaN/inf/positive cannot be written on the wire: the most negative
+            body["lq"] = [3, b"\xff" * (3 * _count(body["lq"]))]  # 2**24 - 1 ticks: log q = -262,144
+        elif mode == "ids_over_vocab":
+            body["vocab"] = _max_id(body)  # the largest id is then out of range
+        elif mode == "length_mismatch":
+            k, planes = body["cl"]
+            lens = np.frombuffer(planes, np.uint8).reshape(k, -1).copy() if k else None
+            if lens is not None:
+                lens[0, 0] = (int(lens[0, 0]) + 1) % 256
+                body["cl"] = [k, lens.tobytes()]
+        else:
+            return encode_batch(self.batch(r))  # a clean batch (stale, future, wrong_digest, sybil...)
+        return frame(msgpack.packb(body, use_bin_type=True))
+
+
+def _count(planes: list) -> int:
+    k, data = planes
+    return len(data) // k if k else 0
+
+
+def _max_id(body: dict) -> int:
+    from swarm_node.protocol import decode_batch
+    from swarm_node.protocol.framing import frame
+
+    b = decode_batch(frame(msgpack.packb(body, use_bin_type=True)))
+    ids = [int(np.max(c.token_ids)) for g in b.groups for c in g.completions if len(c.token_ids)]
+    return max(ids)  # the largest id itself as the vocab size: that id is then out of range
+
+
+# ---- the network side ----
+
+
+async def _send_raw(p2p, peer: str, frame: bytes, read: bool = True) -> None:
+    from hivemind.p2p import PeerID
+
+    from swarm_node.swarm.transfer import HANDLER
+
+    _info, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer), HANDLER)
+    writer.write(frame)
+    await writer.drain()
+    if read:
+        try:
+            await asyncio.wait_for(reader.read(), 10)
+        finally:
+            writer.close()
+    else:
+        return writer
+
+
+JUNK = [b"[]", b"null", b"1", b'"a"', b"{}", b'{"kind": "batch", "round": -1}', b"\xff\xfe", b"[" * 1000]
+
+
+class Adversary:
+    def __init__(self, args) -> None:
+        from swarm_node.config import SwarmConfig
+        from swarm_node.swarm import PeerInfo, SwarmNode
+
+        self.args = args
+        self.forge = Forge(args.model_dir, args.swarm_id, args.seed, args.prompts, Path(args.state_dir))
+        n = self.forge.node
+        self.cfg = SwarmConfig(enabled=True, swarm_id=args.swarm_id, initial_peers=[args.maddr],
+                               host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, record_ttl_s=8.0,
+                               max_batch_bytes=256 << 20)
+        self.info = PeerInfo(mode="grpo", model_name="adversary", tokenizer_fp=n.loaded.tokenizer_fp,
+                             task_id=n.task.task_id)
+        self.node = SwarmNode(self.cfg, self.info).start()
+        self.sybils: list = []
+        self.newest = 0  # newest round we announced a batch for
+        self._honest: dict[str, int] = {}
+        self._honest_at = -1e9
+        self.report: dict = {"peer_id": self.node.peer_id, "modes": {}}
+
+    # -- helpers --
+
+    def honest(self) -> dict[str, int]:
+        """Honest peers' rounds from their membership records, read at most once a second (each read asks
+        every DHT node near the key: polling faster would load the honest node's DHT, not test it)."""
+        now = time.monotonic()
+        if now - self._honest_at >= 1.0:
+            self._honest = {m.peer_id: m.round for m in self.node.live_peers()
+                            if m.peer_id != self.node.peer_id and m.model_name not in ("adversary", "sybil")}
+            self._honest_at = now
+        return self._honest
+
+    def honest_round(self) -> int:
+        return max(self.honest().values(), default=0)
+
+    def run_on_loop(self, coro, timeout: float = 30.0):
+        return self.node._run(coro, timeout)
+
+    def save(self) -> None:
+        tmp = Path(self.args.out + ".tmp")
+        tmp.write_text(json.dumps(self.report))
+        os.replace(tmp, self.args.out)
+
+    # -- one honest round of one mode --
+
+    def act(self, mode: str, r: int) -> bool:
+        """One attack for the honest round r - 1 -> r; False if it could not be launched this time."""
+        node = self.node
+        r = max(r, self.newest + 1)  # an announcement at or below our newest round is a mere duplicate
+        if mode in BATCH_MODES and mode not in ("replay_verbatim", "replay_reencoded", "future", "stale",
+                                                  "wrong_digest"):
+            node.set_round(r)
+            node.publish("batch", r, self.forge.payload(mode, r))
+            self.newest = r
+        elif mode == "stale":  # generated an hour ago (the age limit is 120 s); refused before it counts
+            node.publish("batch", r, self.forge.payload(mode, r), generated=time.time() - 3600)
+        elif mode == "future":  # a round 10**12 ahead of what its membership says; refused before it counts
+            node.publish("batch", 10**12 + r, self.forge.payload(mode, r), version=r)
+        elif mode == "oversize":  # a payload over the receiver's max_batch_bytes (the runner sets it to 1 MiB)
+            node.set_round(r)
+            node.publish("batch", r, os.urandom(self.args.oversize_bytes))
+            self.newest = r
+        elif mode in ("replay_verbatim", "replay_reencoded"):
+            for pid, pr in self.honest().items():
+                if mode == "replay_verbatim" and pr <= self.newest:
+                    return False  # the same bytes must carry their own round: wait for a newer one
+                data = node.fetch("batch", pid, pr, deadline_s=5.0)
+                if data is None:
+                    return False
+                if mode == "replay_reencoded":  # decoded and re-encoded under our name, for our round
+                    from swarm_node.protocol import decode_batch, encode_batch
+
+                    b = decode_batch(data)
+                    b.model_name, b.round = "adversary", r
+                    data, pr = encode_batch(b), r
+                node.set_round(pr)
+                node.publish("batch", pr, data)
+                self.newest = pr
+                return True
+            return False
+        elif mode == "wrong_digest":  # announce one payload, then serve other bytes of the same size
+            node.set_round(r)
+            good = self.forge.payload(mode, r)
+            node.publish("batch", r, good)
+            self.newest = r
+            with node._blob_lock:
+                _p, entry = node._blobs["batch"][r]
+                node._blobs["batch"][r] = (bytes(reversed(good)), entry)
+        elif mode == "flood":  # announcements far ahead, many per second
+            from swarm_node.swarm import announce as A
+
+            async def flood():
+                for pid in self.honest():
+                    for i in range(50):
+                        ann = A.BatchAnnouncement(kind="batch", round=r + 5000 * (i + 1), version=r, generated=time.time(),
+                                                  size=1000, sha256="0" * 64, mode="grpo", model_name="adversary",
+                                                  tokenizer_fp=self.info.tokenizer_fp, task_id=self.info.task_id)
+                        try:
+                            await A.push(node._p2p, pid, A.encode(ann), 5.0)
+                        except Exception as exc:
+                            log.info("flood push: %s", exc)
+            self.run_on_loop(flood())
+        elif mode == "sybil":
+            from swarm_node.protocol import encode_batch
+
+            self.start_sybils()
+            payloads = [encode_batch(self.forge.batch(r, salt=101 + i, model_name="sybil"))
+                        for i in range(len(self.sybils))]
+            for s, data in zip(self.sybils, payloads, strict=True):  # all at once: they compete for one round
+                s.set_round(r)
+                s.publish("batch", r, data)
+        elif mode == "overwrite_records":
+            from swarm_node.swarm import records as R
+
+            for pid in self.honest():  # a record signed by us that names the honest peer, under the members key
+                fake = dict(peer_id=pid, mode="grpo", model_name="x", tokenizer_fp=self.info.tokenizer_fp,
+                            task_id=self.info.task_id, round=10**9, updated=time.time(), arch_fp="", client_mode=False)
+                try:
+                    node._dht_call("store", R.members_key(self.args.swarm_id), fake, time.time() + 30,
+                                   subkey=node._subkey)
+                except Exception as exc:
+                    log.info("store: %s", exc)
+        elif mode == "stall":  # ask for the honest peers' blobs and never read (streams held until the mode ends)
+            async def stall():
+                held = []
+                for pid, pr in self.honest().items():
+                    q = json.dumps({"kind": "batch", "round": pr}).encode()
+                    for _ in range(4):
+                        try:
+                            held.append(await _send_raw(node._p2p, pid, len(q).to_bytes(2, "big") + q, read=False))
+                        except Exception as exc:
+                            log.info("stall: %s", exc)
+                return held
+            self._held = getattr(self, "_held", []) + (self.run_on_loop(stall()) or [])
+        elif mode == "junk_requests":
+            async def junk():
+                for pid in self.honest():
+                    for j in JUNK:
+                        try:
+                            await _send_raw(node._p2p, pid, len(j).to_bytes(2, "big") + j)
+                        except Exception as exc:
+                            log.info("junk: %s", exc)
+            self.run_on_loop(junk(), timeout=60)
+        return True
+
+    def start_sybils(self) -> None:
+        from swarm_node.swarm import PeerInfo, SwarmNode
+
+        while len(self.sybils) < self.args.sybils:
+            info = PeerInfo(mode="grpo", model_name="sybil", tokenizer_fp=self.info.tokenizer_fp,
+                            task_id=self.info.task_id)
+            self.sybils.append(SwarmNode(self.cfg, info).start())
+
+    def end_mode(self, mode: str) -> None:
+        for w in getattr(self, "_held", []):
+            try:
+                w.close()
+            except Exception:
+                pass
+        self._held = []
+        if mode == "sybil":
+            for s in self.sybils:
+                s.close()
+            self.sybils = []
+
+    def run(self) -> None:
+        modes = self.args.modes.split(",") if self.args.modes else list(MODES)
+        end = time.monotonic() + self.args.wait_s
+        while not self.honest() and time.monotonic() < end:
+            time.sleep(0.5)
+        for mode in modes:
+            t0 = time.time()
+            done, last = 0, -1
+            give_up = time.monotonic() + self.args.mode_timeout_s
+            while done < max(self.args.rounds_per_mode, MIN_ROUNDS.get(mode, 1)) and time.monotonic() < give_up:
+                r = self.honest_round()
+                if r > last:
+                    try:
+                        ok = self.act(mode, r + 1)
+                    except Exception as exc:  # an attack that fails to launch is reported, not fatal
+                        log.warning("mode %s round %d: %r", mode, r + 1, exc)
+                        self.report.setdefault("errors", []).append(f"{mode}: {exc!r}")
+                        ok = True
+                    if ok:
+                        last, done = r, done + 1
+                time.sleep(0.2)
+            end = time.monotonic() + 10
+            while self.honest_round() <= last + 2 and time.monotonic() < end:  # let the honest node take the last
+                time.sleep(0.2)
+            self.end_mode(mode)
+            self.report["modes"][mode] = [t0, time.time()]
+            self.save()
+            time.sleep(self.args.gap_s)
+        self.report["done"] = time.time()
+        self.save()
+
+    def close(self) -> None:
+        self.end_mode("sybil")
+        self.node.close()
+
+
+# ---- honest nodes beside the adversary, and the same seeded run without it (tests and benchmarks/attack.py) ----
+
+
+def honest_overrides(swarm_id: str, seed: int) -> dict:
+    """A tiny-s GRPO node that keeps a round to a second or two on 2 cores; oversize = over 1 MiB."""
+    return {"seed": seed, "rounds": None, "task.prompts_per_round": 4, "task.eval_n": 50, "metrics.eval_every": 4,
+            "checkpoint.every_rounds": 1000, "swarm.swarm_id": swarm_id, "swarm.host_maddrs": ["/ip4/127.0.0.1/tcp/0"],
+            "swarm.heartbeat_s": 1.0, "swarm.record_ttl_s": 8.0, "swarm.collect_deadline_s": 8.0,
+            "swarm.bootstrap_timeout_s": 20.0, "swarm.max_batch_bytes": 1 << 20}
+
+
+def attribute(rows: list[dict], report: dict, slack_s: float = 1.0) -> dict[str, dict[str, int]]:
+    """Rejections (and `rewards_overridden`) of the honest node's rows, per adversary mode, by time window."""
+    out: dict[str, dict[str, int]] = {}
+    for mode, (t0, t1) in report.get("modes", {}).items():
+        c: dict[str, int] = {}
+        for r in rows:
+            if "time" in r and t0 <= r["time"] <= t1 + slack_s:
+                for k, v in (r.get("rejected") or {}).items():
+                    c[k] = c.get(k, 0) + v
+                if r.get("rewards_overridden"):
+                    c["rewards_overridden"] = c.get("rewards_overridden", 0) + r["rewards_overridden"]
+        out[mode] = c
+    return out
+
+
+def counted(mode: str, reasons: dict[str, int]) -> bool:
+    """Did the honest node count what MODES says `mode` must cause? (a reason ending in ':' is a prefix)"""
+    want = MODES[mode]
+    return all(any(k == w or (w.endswith(":") and k.startswith(w)) for k in reasons if reasons[k] > 0) for w in want)
+
+
+def params_finite(state_dir: Path) -> bool:
+    """Every tensor of every checkpoint the node wrote is finite (and there is at least one)."""
+    import torch
+    from safetensors.torch import load_file
+
+    files = list(Path(state_dir).rglob("*.safetensors"))
+    return bool(files) and all(bool(torch.isfinite(t.float()).all()) for f in files for t in load_file(f).values())
+
+
+def run_side_by_side(tmp: Path, presets: Path, *, modes: list[str], rounds_per_mode: int = 1, seed: int = 1,
+                     timeout_s: float = 600.0, template: Path | None = None) -> dict:
+    """Two swarms at once on 127.0.0.1, each a bootstrap and one honest tiny-s node with the same seed; the
+    second also has the adversary running `modes`. Both nodes are stopped (SIGTERM: checkpoint, exit 0)
+    when the adversary is done. Returns both nodes' metrics rows, exit codes, the adversary's report, and
+    the wall time both ran."""
+    import subprocess
+
+    from swarm_node.node.metrics import read_metrics
+    from swarm_node.runs.local_swarm import (
+        Peer,
+        child_env,
+        start_bootstrap,
+        stop_process,
+        stop_processes,
+        write_peer_config,
+    )
+
+    template = template or Path(__file__).resolve().parents[1] / "peers" / "tiny-s.yaml"
+    boots, peers = [], []
+    adv = None
+    out = tmp / "adversary.json"
+    try:
+        for name in ("baseline", "attacked"):
+            swarm_id = f"attack-{name}"
+            boot = start_bootstrap(tmp / f"boot-{name}", swarm_id)
+            boots.append(boot)
+            cfg = write_peer_config(template, tmp / "configs" / f"{name}.yaml", honest_overrides(swarm_id, seed))
+            peers.append(Peer(name=name, config=cfg, state_dir=tmp / name))
+        t0 = time.monotonic()
+        for p, b in zip(peers, boots, strict=True):
+            p.start(b.maddrs)
+        adv_log = open(tmp / "adversary.log", "w")
+        adv = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--model-dir", str(presets / "tiny-s"), "--maddr",
+             boots[1].maddrs[0], "--swarm-id", "attack-attacked", "--out", str(out), "--state-dir",
+             str(tmp / "adversary-state"), "--modes", ",".join(modes), "--rounds-per-mode", str(rounds_per_mode)],
+            stdout=adv_log, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end and adv.poll() is None and all(p.running() for p in peers):
+            time.sleep(1.0)
+        wall = time.monotonic() - t0
+        codes = dict(zip([p.name for p in peers], stop_processes([p.proc for p in peers], grace_s=60), strict=True))
+        report = json.loads(out.read_text()) if out.exists() else {}
+        rows = {p.name: read_metrics(p.metrics) if p.metrics.exists() else [] for p in peers}
+        logs = {p.name: p.log_path.read_text()[-4000:] if p.log_path and p.log_path.exists() else "" for p in peers}
+        logs["adversary"] = (tmp / "adversary.log").read_text()[-4000:]
+        return {"rows": rows, "codes": codes, "report": report, "wall_s": wall, "logs": logs,
+                "adversary_done": "done" in report, "state_dirs": {p.name: p.state_dir for p in peers}}
+    finally:
+        if adv is not None:
+            stop_process(adv, grace_s=20)
+        for p in peers:
+            if p.proc is not None and p.running():
+                stop_process(p.proc, grace_s=15)
+        for b in boots:
+            b.stop()
+
+
+def _rate(rows: list[dict]) -> float:
+    """Rounds per second from round 1 to the last round."""
+    if len(rows) < 3:
+        return 0.0
+    return (len(rows) - 2) / max(1e-9, rows[-1]["time"] - rows[1]["time"])
+
+
+def _first_round_s(rows: list[dict]) -> float | None:
+    return round(rows[1]["time"] - rows[0]["time"], 2) if len(rows) > 1 else None
+
+
+def summarize(run: dict) -> dict:
+    """Per mode: reasons counted; overall: rounds (attacked / baseline), params finite, accuracy curves."""
+    base, att = run["rows"]["baseline"], run["rows"]["attacked"]
+    by_mode = attribute(att, run["report"])
+    acc = {name: {r["round"]: r["eval_accuracy"] for r in rows if r.get("eval_accuracy") is not None}
+           for name, rows in run["rows"].items()}
+    common = sorted(set(acc["baseline"]) & set(acc["attacked"]))
+    deltas = [acc["attacked"][k] - acc["baseline"][k] for k in common]
+    return {
+        "modes": {m: {"reasons": by_mode.get(m, {}), "counted": counted(m, by_mode.get(m, {}))} for m in run["report"].get("modes", {})},
+        "rounds": {"baseline": len(base) - 1, "attacked": len(att) - 1},
+        # rounds per second after round 1: the first exchange waits (up to collect_deadline_s) once for the
+        # live peers' first batches, and an adversary that is live but has not published costs that wait
+        "pace_ratio": _rate(att) / _rate(base) if _rate(base) > 0 else float("nan"),
+        "first_round_s": {"baseline": _first_round_s(base), "attacked": _first_round_s(att)},
+        "params_finite": {n: params_finite(d) for n, d in run["state_dirs"].items()},
+        "acc_rounds": common, "acc_delta": deltas,
+        "max_abs_acc_delta": max((abs(d) for d in deltas), default=float("nan")),
+        "loss_finite": all(r["loss"] is None or np.isfinite(r["loss"]) for r in att),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--maddr", required=True)
+    ap.add_argument("--swarm-id", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--state-dir", required=True)
+    ap.add_argument("--modes", default="", help="comma-separated; default: every mode")
+    ap.add_argument("--rounds-per-mode", type=int, default=2)
+    ap.add_argument("--gap-s", type=float, default=1.0)
+    ap.add_argument("--mode-timeout-s", type=float, default=30.0)
+    ap.add_argument("--wait-s", type=float, default=120.0)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--sybils", type=int, default=3)
+    ap.add_argument("--oversize-bytes", type=int, default=2 << 20)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    adv = Adversary(args)
+    try:
+        adv.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        adv.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.exit(main())
