@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from swarm_node.node.checkpoint import (
@@ -39,3 +40,116 @@ def test_keep_and_leftovers(tmp_path):
     assert [c.round for c in list_checkpoints(tmp_path)] == [2, 3]  # unreadable meta: not a checkpoint
     remove_partial(tmp_path)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _tensor_of(ckpt_dir) -> torch.Tensor:
+    from swarm_node.node.checkpoint import load_weights
+
+    return load_weights(ckpt_dir)["weight"]
+
+
+def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    """Disk full in the middle of a write: the error is one CheckpointWriteError, nothing half-written remains,
+    and restore_newest resumes from the previous checkpoint."""
+    import errno
+
+    from swarm_node.node import checkpoint as ck
+
+    m = torch.nn.Linear(64, 64)
+    ck.save_checkpoint(tmp_path, 1, m, {"state": {}}, {}, "fp")
+    good = m.weight.detach().clone()
+    real_save = torch.save
+
+    def disk_fills_up(obj, f, *a, **kw):  # writes part of the file, then the disk is full
+        with open(f, "wb") as fh:
+            fh.write(b"\x00" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ck.torch, "save", disk_fills_up)
+    with torch.no_grad():
+        m.weight.add_(1.0)
+    with pytest.raises(ck.CheckpointWriteError, match=r"Errno 28"):
+        ck.save_checkpoint(tmp_path, 2, m, {"state": {}}, {}, "fp")
+    monkeypatch.setattr(ck.torch, "save", real_save)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000001"]  # no .tmp- left holding the space
+    line = ck.failed_save_line(tmp_path, 2, OSError(errno.ENOSPC, "No space left on device"))
+    assert "ckpt-00000001 (round 1) is still the one to resume from" in line and "\n" not in line
+
+    class Trainer:
+        def load_state_dict(self, state):
+            self.state = state
+
+    fresh = torch.nn.Linear(64, 64)
+    got = ck.restore_newest(tmp_path, fresh, Trainer(), "fp")
+    assert got is not None and got.round == 1 and torch.equal(fresh.weight, good)
+
+
+def test_a_resave_whose_rename_fails_puts_the_previous_copy_back(tmp_path, monkeypatch):
+    from swarm_node.node import checkpoint as ck
+
+    m = torch.nn.Linear(3, 2)
+    ck.save_checkpoint(tmp_path, 5, m, {}, {}, "fp")
+    before = _tensor_of(tmp_path / "ckpt-00000005")
+    real_replace = ck.os.replace
+
+    def failing_replace(src, dst):
+        if str(src).endswith(f"-{ck.os.getpid()}") and ".tmp-" in str(src):
+            raise OSError(5, "Input/output error")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(ck.os, "replace", failing_replace)
+    with torch.no_grad():
+        m.weight.add_(1.0)
+    with pytest.raises(ck.CheckpointWriteError):
+        ck.save_checkpoint(tmp_path, 5, m, {}, {}, "fp")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000005"]
+    assert torch.equal(_tensor_of(tmp_path / "ckpt-00000005"), before)
+
+
+def test_a_crash_between_the_renames_of_a_resave_keeps_the_good_copy(tmp_path):
+    """A crash after `ckpt-5 -> .old-ckpt-5-PID` and before `.tmp -> ckpt-5`: the next start puts .old back."""
+    m = torch.nn.Linear(3, 2)
+    save_checkpoint(tmp_path, 5, m, {}, {}, "fp")
+    (tmp_path / "ckpt-00000005").rename(tmp_path / ".old-ckpt-00000005-4242")
+    (tmp_path / ".tmp-ckpt-00000005-4242").mkdir()  # the unfinished new copy
+    remove_partial(tmp_path)
+    assert [c.round for c in list_checkpoints(tmp_path)] == [5]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def _mount_tmpfs(path, size: str) -> bool:
+    import subprocess
+
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_real_enospc_on_a_tiny_filesystem(tmp_path):
+    """The same on a real full disk (a 600 KiB tmpfs, needs root: skipped otherwise): the first checkpoint fits,
+    the second fails half way in the weights writer with the kernel's ENOSPC."""
+    import subprocess
+
+    from swarm_node.node import checkpoint as ck
+
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "600k"):
+        pytest.skip("cannot mount a tmpfs (not root)")
+    try:
+        m = torch.nn.Linear(384, 384)  # ~580 KiB of float32 weights + bias
+        small = torch.nn.Linear(256, 256)  # ~260 KiB
+        ck.save_checkpoint(disk, 1, small, {}, {}, "fp")
+        with pytest.raises(ck.CheckpointWriteError) as err:
+            ck.save_checkpoint(disk, 2, m, {}, {}, "fp")
+        assert "No space left on device" in str(err.value) or "Errno 28" in str(err.value), err.value
+        assert sorted(p.name for p in disk.iterdir()) == ["ckpt-00000001"]
+        fresh = torch.nn.Linear(256, 256)
+        ck.load_checkpoint(ck.latest_checkpoint(disk), fresh, "fp")
+        assert torch.equal(fresh.weight, small.weight)
+        ck.save_checkpoint(disk, 3, small, {}, {}, "fp", keep=2)  # space came back: saving works again
+        assert [c.round for c in ck.list_checkpoints(disk)] == [1, 3]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=10)

@@ -180,3 +180,56 @@ def test_pushed_batches_future_and_stale_refused_fresh_taken():
     finally:
         b.close()
         a.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_batches_are_decoded_off_the_round_loop():
+    """A payload that takes long to decode holds the decode thread, not the round: receive() returns (empty)
+    while the decode is still running, the batch is taken decoded once it is done, and a payload the
+    validator refuses is counted by its reason and never buffered."""
+    import os
+    import threading
+
+    from swarm_node.config import SwarmConfig
+    from swarm_node.swarm import PeerInfo, SwarmNode
+
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+    threads = []
+
+    def slow_validator(payload: bytes, round_: int):
+        threads.append(threading.current_thread().name)
+        if payload.startswith(b"bad"):
+            return None, "protocol:schema", "not a batch"
+        started.set()
+        release.wait(60)  # a decode that takes as long as the test wants
+        finished.set()
+        return {"round": round_, "n": len(payload)}, None, ""
+
+    info = PeerInfo(mode="grpo", model_name="m", tokenizer_fp="tok", task_id="t")
+    base = dict(enabled=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, bootstrap_retries=1)
+    a = SwarmNode(SwarmConfig(**base), info).start()
+    b = SwarmNode(SwarmConfig(**base, initial_peers=a.visible_maddrs()), info)
+    b.set_validate(slow_validator)
+    b.start()
+    try:
+        assert _wait(lambda: b.peer_id in a._view)
+        a.publish("batch", 3, os.urandom(700))
+        assert started.wait(30), b.stats()
+        got = b.receive(4)  # the round goes on while the batch is being decoded
+        assert got.batches == [] and not finished.is_set()
+        assert b.intake.count_ready() == 0  # nothing unvalidated is ever buffered
+        release.set()
+        assert _wait(lambda: b.intake.count_ready() == 1)
+        got = b.receive(4)
+        assert [(r.round, r.decoded) for r in got.batches] == [(3, {"round": 3, "n": 700})]
+        assert threads and all(t.startswith("swarm-node-decode") for t in threads)  # not the caller's thread
+        a.publish("batch", 4, b"bad" + os.urandom(100))
+        assert _wait(lambda: b.stats()["payload_refused"].get("protocol:schema", 0) >= 1), b.stats()
+        got = b.receive(4)
+        assert got.batches == [] and got.payload_refused == {"protocol:schema": 1}
+        assert b.intake.count_ready() == 0
+    finally:
+        release.set()
+        b.close()
+        a.close()

@@ -23,3 +23,23 @@ def test_record_fuzz_finds_no_exception_and_no_invariant_violation(caplog) -> No
         st = sf.run_records(400, seed=5)
     assert st.exceptions == [] and st.violations == []
     assert st.accepted > 0 and st.reasons["refused"] > 0
+
+
+def test_dpo_parameter_fuzz_finds_no_exception_and_no_invariant_violation() -> None:
+    """A short run of benchmarks/fuzz_params.py: the DPO payload codec and gossip_step's receive path."""
+    import warnings
+
+    from swarm_node.gossip import fuzz as gf
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # hivemind's 8-bit encoder: a torch deprecation warning per call
+        parts = gf.run(1000, seed=3, receive_share=0.2)
+    for name, st in parts.items():
+        assert st.exceptions == [], (name, st.exceptions[:3])
+        assert st.violations == [], (name, st.violations[:3])
+    assert parts["valid"].accepted == parts["valid"].cases > 0  # unmutated payloads pass: the check is not vacuous
+    assert parts["field"].accepted > 0  # some mutations keep a valid payload (unknown fields, requires_grad...)
+    reasons = sum((st.reasons for st in parts.values()), start=type(parts["field"].reasons)())
+    assert {"bad_header", "arch_mismatch", "wrong_count", "truncated", "bad_proto", "bad_encoding", "wrong_shape",
+            "wrong_size", "not_finite", "trailing_bytes", "too_large"} <= set(reasons), reasons
+    assert parts["bomb"].cases == 3 * 7 and parts["bomb"].accepted == 0

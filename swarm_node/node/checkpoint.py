@@ -43,6 +43,10 @@ def trainable_state(model: Any) -> dict[str, torch.Tensor]:
     return {n: p.detach().cpu().clone() for n, p in trainable_named(model)}
 
 
+class CheckpointWriteError(OSError):
+    """Writing a checkpoint failed (disk full, I/O error); nothing of it is left on disk, the previous one stands."""
+
+
 def save_checkpoint(
     state_dir: Path,
     round_: int,
@@ -52,30 +56,79 @@ def save_checkpoint(
     config_fp: str,
     keep: int = 2,
 ) -> Path:
+    """Write `ckpt-<round>` atomically; raises CheckpointWriteError (after removing the partial copy) on failure.
+
+    Every file goes to a temporary directory, is fsynced, and the directory is renamed into place, so a
+    reader (`restore_newest`) sees either the whole new checkpoint or none of it. A write that fails half
+    way (ENOSPC) removes its temporary directory at once: on a full disk it holds the space that the
+    next attempt, or the rest of the node, needs.
+    """
     state_dir = Path(state_dir)
     final = state_dir / f"{PREFIX}{round_:08d}"
     tmp = state_dir / f".tmp-{PREFIX}{round_:08d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(trainable_state(model), str(tmp / WEIGHTS_FILE))
-    torch.save(optimizer_state, tmp / "optimizer.pt")
-    torch.save({"torch_rng": torch.get_rng_state()}, tmp / "rng.pt")
-    meta = {"round": round_, "config_fingerprint": config_fp, **extra}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    for f in tmp.iterdir():  # everything on disk before the rename makes it visible
-        _fsync(f)
-    _fsync(tmp)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        _write_files(tmp, round_, model, optimizer_state, extra, config_fp)
+    except Exception as exc:  # OSError, or the writers' own wrappers (safetensors, torch) of an I/O error
+        free = _free_space(state_dir)  # before the cleanup frees it: torch's own message does not say "disk full"
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(f"writing checkpoint {final.name} failed: {_describe(exc)} ({free})") from exc
     old = None
-    if final.exists():  # never delete the good copy before the new one is in place
-        old = state_dir / f".old-{PREFIX}{round_:08d}-{os.getpid()}"
-        os.replace(final, old)
-    os.replace(tmp, final)
-    _fsync(state_dir)
+    try:
+        if final.exists():  # never delete the good copy before the new one is in place
+            old = state_dir / f".old-{PREFIX}{round_:08d}-{os.getpid()}"
+            os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync(state_dir)
+    except OSError as exc:
+        if old is not None and not final.exists():
+            os.replace(old, final)  # put the previous copy back
+            old = None
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(f"moving checkpoint {final.name} into place failed: {_describe(exc)}") from exc
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     for stale in list_checkpoints(state_dir)[:-keep]:
         shutil.rmtree(stale.path, ignore_errors=True)
     return final
+
+
+def _write_files(tmp: Path, round_: int, model: Any, optimizer_state: dict, extra: dict, config_fp: str) -> None:
+    save_file(trainable_state(model), str(tmp / WEIGHTS_FILE))
+    torch.save(optimizer_state, tmp / "optimizer.pt")
+    torch.save({"torch_rng": torch.get_rng_state()}, tmp / "rng.pt")
+    meta = {"round": round_, "config_fingerprint": config_fp, **extra}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))  # last: a checkpoint is listed by its meta.json
+    for f in tmp.iterdir():  # everything on disk before the rename makes it visible
+        _fsync(f)
+    _fsync(tmp)
+
+
+def _free_space(path: Path) -> str:
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return "free space unknown"
+    return f"disk full: {free >> 10} KiB free" if free < 2**20 else f"{free / 2**20:.0f} MiB free on that disk"
+
+
+def _describe(exc: BaseException) -> str:
+    """One line: the OS error if there is one in the chain (safetensors and torch wrap it), else the message."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return f"[Errno {seen.errno}] {os.strerror(seen.errno)}"
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def failed_save_line(state_dir: Path, round_: int, exc: BaseException) -> str:
+    """The one log line of a failed save: what failed, and which checkpoint a restart would resume from."""
+    prev = latest_checkpoint(state_dir)
+    kept = f"{prev.path.name} (round {prev.round}) is still the one to resume from" if prev else "no checkpoint on disk yet"
+    return f"checkpoint of round {round_} not written: {exc}; {kept}"
 
 
 def _fsync(path: Path) -> None:
@@ -87,7 +140,15 @@ def _fsync(path: Path) -> None:
 
 
 def remove_partial(state_dir: Path) -> None:
-    """Delete temporary directories that a crash mid-save left behind (each may hold a full model)."""
+    """Delete temporary directories that a crash mid-save left behind (each may hold a full model).
+
+    A crash between the two renames of a re-save leaves the good copy as `.old-ckpt-<r>-<pid>` with no
+    `ckpt-<r>`: that copy is put back rather than deleted.
+    """
+    for p in sorted(Path(state_dir).glob(f".old-{PREFIX}*")):
+        final = p.parent / p.name.removeprefix(".old-").rsplit("-", 1)[0]
+        if p.is_dir() and not final.exists() and (p / "meta.json").is_file():
+            os.replace(p, final)
     for p in Path(state_dir).glob(f".*-{PREFIX}*"):
         if p.is_dir() and (p.name.startswith(".tmp-") or p.name.startswith(".old-")):
             shutil.rmtree(p, ignore_errors=True)

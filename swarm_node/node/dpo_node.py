@@ -25,7 +25,7 @@ from swarm_node.gossip.allreduce import AllReduce
 from swarm_node.gossip.exchange import GossipExchange, plan_round
 from swarm_node.gossip.payload import encode_params
 from swarm_node.gossip.vectors import arch_fingerprint, get_params, params_digest, params_probe, set_params
-from swarm_node.node.checkpoint import restore_newest, save_checkpoint
+from swarm_node.node.checkpoint import CheckpointWriteError, failed_save_line, restore_newest, save_checkpoint
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress, dpo_round_line
@@ -75,6 +75,7 @@ class DPONode:
         self.last_stats = {"bytes_in": 0, "bytes_out": 0}
         self.round = 0
         self.saved_round = -1  # the last round in a checkpoint (-1: none yet)
+        self.checkpoint_failures = 0  # saves that failed (disk full...); the node keeps training
         self.neighbours: list[str] = []
         log.info("DPO node: user %s, %d train / %d held-out pairs, %s averaging on %s, arch %s", self.data.user,
                  len(self.data.train), len(self.data.heldout), d.averaging, d.topology, self.arch_fp)
@@ -92,14 +93,21 @@ class DPONode:
         self.metrics.truncate_after(self.saved_round)
         log.info("resumed from %s: continuing at round %d", ck.path, self.round)
 
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> bool:
+        """Save the last finished round; False (logged in one line, counted) if the write failed."""
         done = self.round - 1
         if done < 0 or done == self.saved_round:
-            return
+            return True
+        try:
+            save_checkpoint(self.state_dir, done, self.model, self.trainer.state_dict(),
+                            {"model_name": self.loaded.name, "is_lora": self.loaded.is_lora, "user": self.data.user},
+                            self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
+        except CheckpointWriteError as exc:
+            self.checkpoint_failures += 1
+            log.error("%s", failed_save_line(self.state_dir, done, exc))
+            return False
         self.saved_round = done
-        save_checkpoint(self.state_dir, done, self.model, self.trainer.state_dict(),
-                        {"model_name": self.loaded.name, "is_lora": self.loaded.is_lora, "user": self.data.user},
-                        self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
+        return True
 
     def join_swarm(self) -> None:
         from swarm_node.swarm import PeerInfo, SwarmNode
@@ -146,6 +154,7 @@ class DPONode:
         t = self.cfg.training  # the shared lr schedule: training.lr_schedule / warmup_rounds, over DPO rounds
         set_lr(self.trainer.optimizer, self.trainer.optimizer.defaults["lr"] *
                lr_factor(t.lr_schedule, r, t.warmup_rounds, self.cfg.rounds))
+        log.debug("round %d: %d local DPO steps", r, d.local_steps)  # fault tests watch this
         step = self.trainer.local_steps(d.local_steps)
         own = get_params(self.model)
         payload = encode_params(own, self.arch_fp, d.compression)
@@ -192,6 +201,7 @@ class DPONode:
             "missing_neighbours": res.missing,
             "weights": res.weights,
             "rejected": dict(self.rejects.counts),
+            "checkpoint_failures": self.checkpoint_failures,
             "user": self.data.user,
             "peer_id": me,
             "seconds": round(time.time() - t0, 3),
@@ -241,8 +251,12 @@ def run_dpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> i
             stopping = decided["stop"]
         if stop:
             log.info("%s received: stopping after round %d", stop.signal_name, node.round - 1)
-        node.checkpoint()
+        saved = node.checkpoint()
         node.exchange.linger(node.round, node.neighbours)
+        if not saved:
+            log.error("exiting without a checkpoint of round %d (see above): a restart resumes from the one "
+                      "named there", node.round - 1)
+            return 1
     finally:
         progress.close()
         node.close()

@@ -21,7 +21,13 @@ from swarm_node.evaluation import evaluate
 from swarm_node.generation import make_generator
 from swarm_node.generation.prompts import PromptEncoder
 from swarm_node.models.loading import LoadedModel, enable_gradient_checkpointing, load_model
-from swarm_node.node.checkpoint import model_record, restore_newest, save_checkpoint
+from swarm_node.node.checkpoint import (
+    CheckpointWriteError,
+    failed_save_line,
+    model_record,
+    restore_newest,
+    save_checkpoint,
+)
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.pipeline import PipelinedSampler
@@ -89,6 +95,7 @@ class GRPONode:
         self.metrics = MetricsWriter.from_config(self.state_dir, cfg, node_name=self.loaded.name)
         self.round = 0
         self.saved_round = 0  # round 0 = the model as loaded; never worth a checkpoint
+        self.checkpoint_failures = 0  # saves that failed (disk full...); the node keeps training
         self.swarm = None
         self.first_exchange = False
         self.limits = receive_limits(cfg)
@@ -121,13 +128,24 @@ class GRPONode:
         self.generator.sync_weights(self.loaded.model)  # built before the weights were restored
         log.info("resumed from %s: continuing at round %d", ck.path, self.round + 1)
 
-    def checkpoint(self) -> None:
+    def checkpoint(self) -> bool:
+        """Save the current round; False (logged in one line, counted) if the write failed, e.g. disk full.
+
+        A failed save leaves the previous checkpoint in place and nothing half-written; the next due save
+        tries again.
+        """
         if self.saved_round == self.round:  # nothing new since the last save
-            return
+            return True
+        try:
+            save_checkpoint(self.state_dir, self.round, self.loaded.model, self.trainer.state_dict(),
+                            model_record(self.loaded, self.cfg.model.lora) | self.prompt_record(),
+                            self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
+        except CheckpointWriteError as exc:
+            self.checkpoint_failures += 1
+            log.error("%s", failed_save_line(self.state_dir, self.round, exc))
+            return False
         self.saved_round = self.round
-        save_checkpoint(self.state_dir, self.round, self.loaded.model, self.trainer.state_dict(),
-                        model_record(self.loaded, self.cfg.model.lora) | self.prompt_record(),
-                        self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
+        return True
 
     def prompt_record(self) -> dict:
         """How this node encodes prompts, so `swarm-node eval STATE_DIR` scores the model as it was trained."""
@@ -141,6 +159,7 @@ class GRPONode:
                         task_id=self.task.task_id)
         self.swarm = SwarmNode(self.cfg.swarm, info, logger=logging.getLogger("swarm_node.swarm"))
         self.swarm.set_accept(self._accepts_peer)  # before start: pushes and downloads only from usable peers
+        self.swarm.set_validate(self._check_payload)  # decode + wire checks on the swarm's decode thread
         self.swarm.start()
         self.swarm.set_round(self.round)
         self.first_exchange = True
@@ -207,6 +226,21 @@ class GRPONode:
             pipe.start(r + 1, (nxt_prompts, nxt_ids), self._sample_job(nxt_ids, r + 1))
         return local, version, generated, gen_s
 
+    def _check_payload(self, payload: bytes, round_: int) -> tuple[object, str | None, str]:
+        """Decode a peer's batch and check it is the announced round -> (batch, None, "") or (None, reason, detail).
+
+        Called by the swarm on its decode thread as each download completes (so a payload that is slow to
+        decode never delays a round), and here for batches that arrive without it. Pure protocol code: no
+        model, no tokenizer, so it is safe off the round loop.
+        """
+        try:
+            decoded = decode_batch(payload, self.limits)
+        except ProtocolError as exc:
+            return None, f"protocol:{exc.reason}", str(exc)
+        if decoded.round != round_:  # the payload must be what the announcement said
+            return None, "round_mismatch", f"payload says round {decoded.round}, announced {round_}"
+        return decoded, None, ""
+
     def _accepts_peer(self, m) -> bool:
         return m.mode == "grpo" and m.task_id == self.task.task_id and m.tokenizer_fp == self.loaded.tokenizer_fp
 
@@ -244,6 +278,7 @@ class GRPONode:
                                     deadline_s=sw.collect_deadline_s, choose=self.newcomers.choose)
         info["collect_s"] = intake.waited_s
         rejected: Counter = Counter({f"swarm:{r}": n for r, n in intake.rejected.items()})
+        rejected.update(intake.payload_refused)  # refused on the decode thread (protocol:*, round_mismatch)
         info.update(bytes_out=len(payload), bytes_in=intake.payload_bytes_in,  # published / downloaded
                     payload_bytes_out=intake.payload_bytes_out, control_bytes_in=intake.control_bytes_in,
                     control_bytes_out=intake.control_bytes_out, buffer_events=intake.events)
@@ -256,15 +291,13 @@ class GRPONode:
             if not self.newcomers.admit(rec.peer_id):
                 rejected["newcomer_capped"] += 1
                 continue
-            try:
-                decoded = decode_batch(rec.payload, self.limits)
-            except ProtocolError as exc:
-                rejected[f"protocol:{exc.reason}"] += 1
-                self.peer_log.warning(f"protocol:{exc.reason}", "rejected batch from %s: %s", rec.peer_id, exc)
-                continue
-            if decoded.round != rec.round:  # the payload must be what the announcement said
-                rejected["round_mismatch"] += 1
-                continue
+            decoded = rec.decoded  # decoded and checked in the background as it arrived
+            if decoded is None:
+                decoded, reason, detail = self._check_payload(rec.payload, rec.round)
+                if reason is not None:
+                    rejected[reason] += 1
+                    self.peer_log.warning(reason, "rejected batch from %s: %s", rec.peer_id, detail)
+                    continue
             adm = admit_batch(decoded, rec.peer_id, self.task, self.tok, self.expect, encode=self.prompts.encode)
             rejected.update(adm.rejected)
             info["rewards_overridden"] += adm.rewards_changed
@@ -321,6 +354,7 @@ class GRPONode:
         t = self.cfg.training
         lr_now = self.trainer.lr * lr_factor(t.lr_schedule, r - 1, t.warmup_rounds, self.cfg.rounds)
         set_lr(self.trainer.optimizer, lr_now)
+        log.debug("round %d: training step on %d external groups", r, len(external))  # fault tests watch this
         try:
             res = self.trainer.step(local.train_groups() + external)
         except torch.OutOfMemoryError:
@@ -363,6 +397,7 @@ class GRPONode:
             "external_groups_by_peer": swarm_info["external_by_peer"],
             "rejected": swarm_info["rejected"],
             "rewards_overridden": swarm_info["rewards_overridden"],
+            "checkpoint_failures": self.checkpoint_failures,
             "bytes_out": swarm_info["bytes_out"],
             "bytes_in": swarm_info["bytes_in"],
             "time": time.time(),
@@ -418,7 +453,10 @@ def run_grpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> 
                 node.checkpoint()
         if stop:
             log.info("%s received: stopping after round %d", stop.signal_name, node.round)
-        node.checkpoint()
+        if not node.checkpoint():
+            log.error("exiting without a checkpoint of round %d (see above): a restart resumes from the one "
+                      "named there", node.round)
+            return 1
     finally:
         progress.close()
         node.close()

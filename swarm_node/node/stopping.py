@@ -18,6 +18,21 @@ log = logging.getLogger("swarm_node.node")
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def where(frame: Any, depth: int = 6) -> str:
+    """What the main thread was doing when the signal landed: its innermost swarm-node functions, outermost first.
+
+    E.g. `run_round > step > _loss` for a signal inside the GRPO training step; tells an operator (and the
+    fault tests) whether the node was generating, training, exchanging or idle when it was asked to stop.
+    """
+    names = []
+    while frame is not None:
+        code = frame.f_code
+        if "swarm_node" in code.co_filename.replace("\\", "/").split("/") and code.co_name != "handler":
+            names.append(code.co_name)
+        frame = frame.f_back
+    return " > ".join(reversed(names[:depth])) or "outside swarm-node code"
+
+
 @dataclass
 class StopFlag:
     """Set by SIGINT/SIGTERM; true once a stop was asked for."""
@@ -31,11 +46,12 @@ class StopFlag:
         if threading.current_thread() is not threading.main_thread():
             return self
 
-        def handler(signum: int, _frame: Any) -> None:
+        def handler(signum: int, frame: Any) -> None:
             self.signal_name = signal.Signals(signum).name
             if self.event.is_set():
                 raise KeyboardInterrupt
-            log.info("%s received: finishing this round, then leaving (again to stop at once)", self.signal_name)
+            log.info("%s received (in %s): finishing this round, then leaving (again to stop at once)",
+                     self.signal_name, where(frame))
             self.event.set()
 
         for sig in _SIGNALS:

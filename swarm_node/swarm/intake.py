@@ -1,7 +1,8 @@
 """The receive side of the asynchronous exchange: freshness rules and the bounded intake buffer.
 
 Pure bookkeeping (no networking, no threads of its own): the event loop thread offers announcements and
-puts downloaded payloads; the round loop takes up to K batches. Everything is bounded: one buffered batch
+puts downloaded payloads (already decoded and validated off the round loop, when the node gave a
+validator); the round loop takes up to K batches. Everything is bounded: one buffered batch
 and one pending announcement per peer, a total batch and byte budget (oldest evicted first, counted), and
 per-peer replay state of one integer, for at most `max_peers` peers (least recently heard dropped first).
 
@@ -19,6 +20,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Buffered:
     offer: Offer
     payload: bytes
     arrived: float
+    decoded: Any = None  # what the node's validator made of the payload off the round loop (None: no validator)
 
 
 @dataclass
@@ -139,8 +142,9 @@ class Intake:
             p.pending = offer
             return "pending", None
 
-    def fetched(self, offer: Offer, payload: bytes | None) -> Offer | None:
-        """A download finished (payload None: it failed). Returns the next offer of that peer to fetch."""
+    def fetched(self, offer: Offer, payload: bytes | None, decoded: Any = None) -> Offer | None:
+        """A download finished (payload None: it failed, or its payload was refused by the validator), with
+        the validated, decoded batch. Returns the next offer of that peer to fetch."""
         with self.cond:
             p = self._peers.get(offer.peer_id)
             if p is None:
@@ -150,7 +154,7 @@ class Intake:
             if payload is not None:
                 if p.slot is not None:
                     self._drop_slot(p, "superseded")
-                p.slot = Buffered(offer, payload, self.clock())
+                p.slot = Buffered(offer, payload, self.clock(), decoded)
                 self._bytes += len(payload)
                 self._batches += 1
                 self._enforce_bounds()

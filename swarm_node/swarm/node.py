@@ -15,14 +15,16 @@ written by one thread at a time.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import logging
 import random
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import uvloop
 from hivemind.utils.serializer import MSGPackSerializer
@@ -62,6 +64,13 @@ class Received:
     age_s: float = 0.0  # receiver's clock minus the sender's generation time, when taken
     version_lag: int = 0  # sender's newest announced version minus this batch's
     arrived: float = 0.0  # unix time its download completed (arrived - generated: announcement to receipt)
+    decoded: Any = None  # the validator's result, computed off the round loop (None: no validator set)
+
+
+Validator = Callable[[bytes, int], "tuple[Any, str | None, str]"]
+"""Decodes and checks a downloaded batch on the swarm's decode thread, not the round loop:
+(payload, announced round) -> (decoded, None, "") to buffer it, or (None, reason, detail) to refuse it.
+`reason` is a fixed name of the caller's code (counted as is, in `RoundIntake.payload_refused`)."""
 
 
 REFUSALS = ("too_large", "bad_time", "future_time", "bad_version", "future_round", "stale_age", "stale_version")
@@ -92,6 +101,7 @@ class RoundIntake:
     payload_bytes_out: int
     control_bytes_in: int
     control_bytes_out: int
+    payload_refused: dict = field(default_factory=dict)  # refused by the validator, by its reason, since last round
 
 
 class DHTUnavailable(RuntimeError):
@@ -120,6 +130,9 @@ class SwarmNode:
             max_batches=cfg.buffer_batches, max_bytes=cfg.buffer_bytes, max_size=cfg.max_batch_bytes,
         )
         self._accept: Callable[[R.MemberRecord], bool] | None = None
+        self._validate: Validator | None = None
+        self._decoder: concurrent.futures.ThreadPoolExecutor | None = None  # one thread: decodes one at a time
+        self._payload_refused: Counter = Counter()
         self._view: dict[str, R.MemberRecord] = {}  # peers we may push to: membership + who pushed to us
         self._view_lock = threading.Lock()
         self._greeted: set[str] = set()  # peers that already got our latest announcement once
@@ -193,6 +206,8 @@ class SwarmNode:
             for t in self._threads:
                 if t.name == "swarm-node-loop":
                     t.join(5)
+        if self._decoder is not None:
+            self._decoder.shutdown(wait=False, cancel_futures=True)
         if self._tmp_identity is not None:
             self._tmp_identity.cleanup()
             self._tmp_identity = None
@@ -222,7 +237,19 @@ class SwarmNode:
         out["declined"] += counts.get("declined", 0)
         for ev in ("evicted", "superseded", "duplicate"):
             out[ev] = counts.get(ev, 0)
-        return {**out, "rejected": rejected, "buffer": self.intake.snapshot()}
+        with self._stat_lock:
+            refused = dict(self._payload_refused)
+        return {**out, "rejected": rejected, "payload_refused": refused, "buffer": self.intake.snapshot()}
+
+    def set_validate(self, validate: Validator | None) -> None:
+        """Decode and validate every downloaded batch in the background, before it is buffered (see Validator).
+
+        The round then takes only batches that passed, and a payload that is slow to decode delays the
+        decode thread, never the round. At most MAX_DOWNLOADS payloads are downloaded or decoded at once.
+        """
+        self._validate = validate
+        if validate is not None and self._decoder is None:
+            self._decoder = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-node-decode")
 
     def set_accept(self, accept: Callable[[R.MemberRecord], bool] | None) -> None:
         """Which peers we push to and download from (by their mode, task, tokenizer...); None: same mode."""
@@ -235,8 +262,11 @@ class SwarmNode:
         self._last_round_stats = now
         rejected = {r: n - before["rejected"].get(r, 0) for r, n in now["rejected"].items()
                     if n > before["rejected"].get(r, 0)}
+        was = before.get("payload_refused", {})
+        refused = {r: n - was.get(r, 0) for r, n in now["payload_refused"].items() if n > was.get(r, 0)}
         keys = ("bytes_in", "bytes_out", "control_bytes_in", "control_bytes_out", *EVENTS)
-        return {"rejected": rejected, **{k: now.get(k, 0) - before.get(k, 0) for k in keys}}
+        return {"rejected": rejected, "payload_refused": refused,
+                **{k: now.get(k, 0) - before.get(k, 0) for k in keys}}
 
     # ---- membership ----
 
@@ -394,12 +424,13 @@ class SwarmNode:
         self.log.warning("rejected from peer %s: %s (%s)", peer_id, reason, detail)
 
     async def _download_offer(self, offer: Offer) -> None:
-        """Background download of an accepted offer into the intake buffer; then the peer's next offer."""
-        payload = None
+        """Background download of an accepted offer, decoded and validated on the decode thread (when a
+        validator is set), into the intake buffer; then the peer's next offer."""
+        payload = decoded = None
         try:
             if self._downloads is None:
                 self._downloads = asyncio.Semaphore(MAX_DOWNLOADS)
-            async with self._downloads:
+            async with self._downloads:  # bounds the payloads held while downloading or decoding
                 entry = R.BlobEntry(round=offer.round, size=offer.size, sha256=offer.sha256)
                 end = time.monotonic() + self.cfg.collect_deadline_s
                 for _attempt in range(FETCH_ATTEMPTS):
@@ -407,10 +438,31 @@ class SwarmNode:
                     if payload is not None or reason not in RETRIABLE or time.monotonic() >= end:
                         break
                     await asyncio.sleep(0.2)
+                validate, decoder = self._validate, self._decoder
+                if payload is not None and validate is not None and decoder is not None and not self._closed:
+                    decoded = await asyncio.get_running_loop().run_in_executor(
+                        decoder, self._run_validator, validate, offer, payload)
+                    if decoded is None:
+                        payload = None  # refused (counted): the peer's slot frees for its next offer
         finally:
-            nxt = self.intake.fetched(offer, payload)
+            nxt = self.intake.fetched(offer, payload, decoded)
             if nxt is not None and not self._closed:
                 self._spawn(self._download_offer(nxt))
+
+    def _run_validator(self, validate: Validator, offer: Offer, payload: bytes) -> Any:
+        """On the decode thread: the decoded batch, or None after counting and logging the refusal."""
+        try:
+            decoded, reason, detail = validate(payload, offer.round)
+        except Exception as exc:  # a validator must not raise; if it does, the batch is refused, not the node
+            decoded, reason, detail = None, "validate_error", f"{type(exc).__name__}: {exc}"
+        if reason is None and decoded is not None:
+            return decoded
+        reason = reason or "validate_error"
+        with self._stat_lock:
+            self._payload_refused[reason] += 1
+        self._peer_log.warning(reason, "rejected batch round %d from %s: %s (%s)", offer.round, offer.peer_id,
+                               reason, detail)
+        return None
 
     def receive(self, k: int, *, accept: Callable[[R.MemberRecord], bool] | None = None,
                 lockstep: bool = False, round: int = 0, staleness: int = 0,
@@ -429,7 +481,7 @@ class SwarmNode:
         st = self.round_stats()
         events = {e: st[e] for e in EVENTS if st.get(e)}
         return RoundIntake(batches, waited, st["rejected"], events, st["bytes_in"], st["bytes_out"],
-                           st["control_bytes_in"], st["control_bytes_out"])
+                           st["control_bytes_in"], st["control_bytes_out"], st["payload_refused"])
 
     def collect(
         self, kind: str, round: int, *, k: int, staleness: int, deadline_s: float,
@@ -465,7 +517,8 @@ class SwarmNode:
         out = []
         for b, (age, lag) in zip(taken, self.intake.ages(taken), strict=True):
             o = b.offer
-            out.append(Received(o.peer_id, o.round, b.payload, o.info.get("member"), o.version, age, lag, b.arrived))
+            out.append(Received(o.peer_id, o.round, b.payload, o.info.get("member"), o.version, age, lag, b.arrived,
+                                b.decoded))
         return out
 
     def _count_others(self, accept) -> int:
