@@ -28,7 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-import msgpack
 import numpy as np
 
 MODES: dict[str, tuple[str, ...]] = {
@@ -131,8 +130,9 @@ class Forge:
                             vocab_size=n.loaded.vocab_size, groups=groups)
 
     def payload(self, mode: str, r: int) -> bytes:
+        from swarm_node.protocol import columns as col
         from swarm_node.protocol import encode_batch
-        from swarm_node.protocol.codec import batch_to_body
+        from swarm_node.protocol.codec import LQ_ESCAPE, batch_to_body, pack_body
         from swarm_node.protocol.framing import frame
         from swarm_node.protocol.fuzz import empty_planes_bomb, nested_arrays_bomb, zeros_bomb
 
@@ -153,12 +153,14 @@ class Forge:
         if mode == "fabricate_all":
             return encode_batch(self.batch(r, delta=FABRICATE_DELTA, everywhere=True))
         body = batch_to_body(self.batch(r))
-        if mode == "nan_rewards":
-            rw = np.frombuffer(body["rw"], "<f8").copy()
-            rw[0] = np.nan
-            body["rw"] = rw.tobytes()
+        if mode == "nan_rewards":  # the reward table's largest entry becomes NaN (its bits stay the largest)
+            rv = np.frombuffer(body["rv"], "<f8").copy()
+            rv[-1] = np.nan
+            body["rv"] = rv.tobytes()
         elif mode == "extreme_logprobs":  # NaN/inf/positive cannot be written on the wire: the most negative
-            body["lq"] = [3, b"\xff" * (3 * _count(body["lq"]))]  # 2**24 - 1 ticks: log q = -262,144
+            n_q = _count(body["lq"])  # every log-prob escaped to 2**24 - 1 ticks: log q = -262,144
+            body["lq"] = list(col.to_planes(np.full(n_q, LQ_ESCAPE, np.int64)))
+            body["lx"] = list(col.to_planes(np.full(n_q, (1 << 24) - 1 - LQ_ESCAPE, np.int64)))
         elif mode == "ids_over_vocab":
             body["vocab"] = _max_id(body)  # the largest id is then out of range
         elif mode == "length_mismatch":
@@ -169,7 +171,7 @@ class Forge:
                 body["cl"] = [k, lens.tobytes()]
         else:
             return encode_batch(self.batch(r))  # a clean batch (stale, future, wrong_digest, sybil...)
-        return frame(msgpack.packb(body, use_bin_type=True))
+        return frame(pack_body(body))
 
 
 def _count(planes: list) -> int:
@@ -179,9 +181,10 @@ def _count(planes: list) -> int:
 
 def _max_id(body: dict) -> int:
     from swarm_node.protocol import decode_batch
+    from swarm_node.protocol.codec import pack_body
     from swarm_node.protocol.framing import frame
 
-    b = decode_batch(frame(msgpack.packb(body, use_bin_type=True)))
+    b = decode_batch(frame(pack_body(body)))
     ids = [int(np.max(c.token_ids)) for g in b.groups for c in g.completions if len(c.token_ids)]
     return max(ids)  # the largest id itself as the vocab size: that id is then out of range
 
