@@ -241,6 +241,13 @@ class Adversary:
         if now - self._honest_at >= 1.0:
             self._honest = {m.peer_id: m.round for m in self.node.live_peers()
                             if m.peer_id != self.node.peer_id and m.model_name not in ("adversary", "sybil")}
+            # membership records are re-stored a few times per TTL, while a fast honest node keeps only its
+            # last few rounds' batches: the newest round its pushes offered us is the one still fetchable
+            intake = self.node.intake
+            with intake.cond:
+                pushed = {pid: p.newest_round for pid, p in intake._peers.items()}
+            for pid in self._honest:
+                self._honest[pid] = max(self._honest[pid], pushed.get(pid, -1))
             self._honest_at = now
         return self._honest
 
@@ -257,6 +264,18 @@ class Adversary:
 
     # -- one honest round of one mode --
 
+    def publish_once(self, r: int, payload: bytes, **kw) -> None:
+        """Publish a batch meant to be refused, then withdraw it: otherwise it stays our newest announcement
+        and every later heartbeat re-pushes it, so its refusals would be counted in the next modes' windows
+        and the next modes' batches would not be the ones offered."""
+        node = self.node
+        before = node._latest_ann
+        node.publish("batch", r, payload, **kw)
+        time.sleep(0.5)  # the push is on its way
+        with node._blob_lock:
+            node._blobs["batch"].pop(r, None)
+        node._latest_ann = before
+
     def act(self, mode: str, r: int) -> bool:
         """One attack for the honest round r - 1 -> r; False if it could not be launched this time."""
         node = self.node
@@ -267,9 +286,9 @@ class Adversary:
             node.publish("batch", r, self.forge.payload(mode, r))
             self.newest = r
         elif mode == "stale":  # generated an hour ago (the age limit is 120 s); refused before it counts
-            node.publish("batch", r, self.forge.payload(mode, r), generated=time.time() - 3600)
+            self.publish_once(r, self.forge.payload(mode, r), generated=time.time() - 3600)
         elif mode == "future":  # a round 10**12 ahead of what its membership says; refused before it counts
-            node.publish("batch", 10**12 + r, self.forge.payload(mode, r), version=r)
+            self.publish_once(10**12 + r, self.forge.payload(mode, r), version=r)
         elif mode == "oversize":  # a payload over the receiver's max_batch_bytes (the runner sets it to 1 MiB)
             node.set_round(r)
             node.publish("batch", r, os.urandom(self.args.oversize_bytes))
@@ -279,8 +298,12 @@ class Adversary:
                 if mode == "replay_verbatim" and pr <= self.newest:
                     return False  # the same bytes must carry their own round: wait for a newer one
                 data = node.fetch("batch", pid, pr, deadline_s=5.0)
-                if data is None:
+                if data is None and mode == "replay_reencoded" and getattr(self, "_stolen", None):
+                    data = self._stolen  # the honest record names a round its owner no longer keeps: reuse
+                if data is None:  # the batch replay_verbatim took (re-encoding it is this mode's attack)
                     return False
+                if mode == "replay_verbatim":
+                    self._stolen = data
                 if mode == "replay_reencoded":  # decoded and re-encoded under our name, for our round
                     from swarm_node.protocol import decode_batch, encode_batch
 
@@ -318,11 +341,17 @@ class Adversary:
             from swarm_node.protocol import encode_batch
 
             self.start_sybils()
-            payloads = [encode_batch(self.forge.batch(r, salt=101 + i, model_name="sybil"))
-                        for i in range(len(self.sybils))]
+            # fresh identities claim fresh rounds (1, 2, ...): a round far past what their own signed
+            # record says would be refused as future_round before the newcomer gate is reached
+            self._sybil_round = getattr(self, "_sybil_round", 0) + 1
+            payloads = []
+            for i in range(len(self.sybils)):
+                b = self.forge.batch(r, salt=101 + i, model_name="sybil")  # this round's prompts
+                b.round = self._sybil_round
+                payloads.append(encode_batch(b))
             for s, data in zip(self.sybils, payloads, strict=True):  # all at once: they compete for one round
-                s.set_round(r)
-                s.publish("batch", r, data)
+                s.set_round(self._sybil_round)
+                s.publish("batch", self._sybil_round, data)
         elif mode == "overwrite_records":
             from swarm_node.swarm import records as R
 
@@ -366,6 +395,8 @@ class Adversary:
             self.sybils.append(SwarmNode(self.cfg, info).start())
 
     def end_mode(self, mode: str) -> None:
+        if mode == "sybil":
+            self._sybil_round = 0
         for w in getattr(self, "_held", []):
             try:
                 w.close()
