@@ -294,10 +294,17 @@ class Adversary:
             node.publish("batch", r, os.urandom(self.args.oversize_bytes))
             self.newest = r
         elif mode in ("replay_verbatim", "replay_reencoded"):
-            for pid, pr in self.honest().items():
+            honest = self.honest()
+            # an honest batch pushed to us (a fast node keeps only its last few rounds, so fetching the
+            # round a membership record names often finds it gone); else fetch by record
+            got = [b for b in self.node.receive(8).batches if b.peer_id in honest and b.round > self.newest]
+            candidates = [(b.peer_id, b.round, b.payload) for b in sorted(got, key=lambda b: -b.round)]
+            candidates += [(pid, pr, None) for pid, pr in honest.items()]
+            for pid, pr, data in candidates:
                 if mode == "replay_verbatim" and pr <= self.newest:
                     return False  # the same bytes must carry their own round: wait for a newer one
-                data = node.fetch("batch", pid, pr, deadline_s=5.0)
+                if data is None:
+                    data = node.fetch("batch", pid, pr, deadline_s=5.0)
                 if data is None and mode == "replay_reencoded" and getattr(self, "_stolen", None):
                     data = self._stolen  # the honest record names a round its owner no longer keeps: reuse
                 if data is None:  # the batch replay_verbatim took (re-encoding it is this mode's attack)
