@@ -15,21 +15,15 @@ each against a budget; exits 1 if any is over.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import platform
-import resource
 import time
 
 from swarm_node.protocol import fuzz as pf
+from swarm_node.protocol.fuzz import report
 from swarm_node.swarm import fuzz as sf
 
 SLOWEST_BUDGET_S = 0.5  # CPU seconds of one case (thread time, so a loaded machine does not inflate it)
 PEAK_RSS_BUDGET_MIB = 768  # the whole process: interpreter, numpy, hivemind, and the largest decode
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def main() -> int:
@@ -48,35 +42,8 @@ def main() -> int:
     decode = pf.run(n_decode, args.seed, progress=lambda i: print(f"  decoder cases: {i}", flush=True))
     records = sf.run_records(n_records, args.seed)
     parts = {f"decoder/{k}": v for k, v in decode.items()} | {"records": records}
-    rss = peak_rss_mib()
-    print(f"\n{'part':<18} {'cases':>8} {'accepted':>9} {'other exc':>10} {'violations':>11} {'slowest cpu s':>13}  slowest case")
-    for name, st in parts.items():
-        print(f"{name:<18} {st.cases:>8} {st.accepted:>9} {len(st.exceptions):>10} {len(st.violations):>11} "
-              f"{st.slowest_s:>13.4f}  {st.slowest_case}")
-    all_cases = sum(st.cases for st in parts.values())
-    exceptions = sum(len(st.exceptions) for st in parts.values())
-    violations = sum(len(st.violations) for st in parts.values())
-    slowest = max(parts.values(), key=lambda st: st.slowest_s)
-    print(f"\ntotal cases {all_cases} in {time.time() - t0:.0f}s; other exceptions {exceptions} (must be 0); "
-          f"invariant violations {violations} (must be 0)")
-    print(f"slowest case {slowest.slowest_s:.4f}s ({slowest.slowest_case}), budget {SLOWEST_BUDGET_S}s; "
-          f"peak RSS {rss:.0f} MiB, budget {PEAK_RSS_BUDGET_MIB} MiB")
-    for name, st in parts.items():
-        for case, err in st.exceptions[:5]:
-            print(f"  EXCEPTION {name} {case}: {err}")
-        for case, bad in st.violations[:5]:
-            print(f"  VIOLATION {name} {case}: {bad}")
-    reasons = {name: dict(st.reasons.most_common()) for name, st in parts.items()}
-    print("refusal reasons:", json.dumps(reasons))
-    ok = exceptions == 0 and violations == 0 and slowest.slowest_s <= SLOWEST_BUDGET_S and rss <= PEAK_RSS_BUDGET_MIB
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"seed": args.seed, "cases": all_cases, "other_exceptions": exceptions, "violations": violations,
-                       "slowest_s": slowest.slowest_s, "slowest_case": slowest.slowest_case, "peak_rss_mib": rss,
-                       "budgets": {"slowest_s": SLOWEST_BUDGET_S, "peak_rss_mib": PEAK_RSS_BUDGET_MIB},
-                       "machine": platform.platform(), "parts": {k: v.summary() for k, v in parts.items()}},
-                      fh, indent=1, default=str)
-    print("OK" if ok else "OVER BUDGET OR FAILED")
+    ok = report(parts, time.time() - t0, seed=args.seed, json_path=args.json, slowest_budget_s=SLOWEST_BUDGET_S,
+                rss_budget_mib=PEAK_RSS_BUDGET_MIB, label="part")
     return 0 if ok else 1
 
 

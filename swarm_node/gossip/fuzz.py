@@ -248,16 +248,7 @@ def run_case(stats: FuzzStats, family: str, name: str, data: bytes, shapes, comp
     if own is not None:
         _receive_path(stats, family, name, data, shapes, compression, max_bytes, own, accepted=out is not None)
     dt = time.thread_time() - t0
-    stats.cases += 1
-    stats.by_family[family] += 1
-    stats.seconds += dt
-    if dt > stats.slowest_s:
-        stats.slowest_s, stats.slowest_case = dt, f"{family}:{name} ({len(data)} bytes)"
-    if out is not None:
-        stats.accepted += 1
-        bad = check_invariants(out, shapes, data, max_bytes)
-        if bad:
-            stats.violations.append((f"{family}:{name}", bad))
+    stats.record(family, name, len(data), dt, None if out is None else check_invariants(out, shapes, data, max_bytes))
 
 
 def _receive_path(stats, family, name, data, shapes, compression, max_bytes, own, accepted: bool) -> None:

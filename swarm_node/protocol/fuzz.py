@@ -349,6 +349,19 @@ class FuzzStats:
         if other.slowest_s > self.slowest_s:
             self.slowest_s, self.slowest_case = other.slowest_s, other.slowest_case
 
+    def record(self, family: str, name: str, size: int, seconds: float, bad: list[str] | None) -> None:
+        """Count one case: its CPU time (the slowest kept), and, if it was accepted, its invariant violations
+        (`bad` None: refused or raised)."""
+        self.cases += 1
+        self.by_family[family] += 1
+        self.seconds += seconds
+        if seconds > self.slowest_s:
+            self.slowest_s, self.slowest_case = seconds, f"{family}:{name} ({size} bytes)"
+        if bad is not None:
+            self.accepted += 1
+            if bad:
+                self.violations.append((f"{family}:{name}", bad))
+
     def summary(self) -> dict:
         return {
             "cases": self.cases, "accepted": self.accepted, "by_family": dict(self.by_family),
@@ -370,16 +383,7 @@ def run_case(stats: FuzzStats, family: str, name: str, data: bytes, limits: Deco
         stats.exceptions.append((f"{family}:{name}", f"{type(exc).__name__}: {str(exc)[:200]}"))
         batch = None
     dt = time.thread_time() - t0
-    stats.cases += 1
-    stats.by_family[family] += 1
-    stats.seconds += dt
-    if dt > stats.slowest_s:
-        stats.slowest_s, stats.slowest_case = dt, f"{family}:{name} ({len(data)} bytes)"
-    if batch is not None:
-        stats.accepted += 1
-        bad = check_invariants(batch, limits)
-        if bad:
-            stats.violations.append((f"{family}:{name}", bad))
+    stats.record(family, name, len(data), dt, None if batch is None else check_invariants(batch, limits))
 
 
 def tight_limits() -> DecodeLimits:
@@ -434,3 +438,53 @@ def run(n_cases: int, seed: int = 0, *, with_bombs: bool = True,
             for which in out:
                 run_case(out[which], "bomb", name, data, limits[which])
     return out
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def report(parts: dict[str, FuzzStats], wall_s: float, *, seed: int, json_path: str | None, slowest_budget_s: float,
+           rss_budget_mib: float, label: str = "part") -> bool:
+    """Print a fuzz run's table, totals and examples (and write them as JSON); True if within every budget.
+
+    The verdict the fuzz benchmarks print: 0 exceptions other than the codec's own error, 0 accepted
+    payloads that break an invariant, the slowest case and the peak RSS within their budgets."""
+    import json
+    import platform
+
+    rss = peak_rss_mib()
+    width = max([len(label), *map(len, parts)])
+    print(f"\n{label:<{width}} {'cases':>8} {'accepted':>9} {'other exc':>10} {'violations':>11} {'slowest cpu s':>13}"
+          "  slowest case")
+    for name, st in parts.items():
+        print(f"{name:<{width}} {st.cases:>8} {st.accepted:>9} {len(st.exceptions):>10} {len(st.violations):>11} "
+              f"{st.slowest_s:>13.4f}  {st.slowest_case}")
+    all_cases = sum(st.cases for st in parts.values())
+    exceptions = sum(len(st.exceptions) for st in parts.values())
+    violations = sum(len(st.violations) for st in parts.values())
+    slowest = max(parts.values(), key=lambda st: st.slowest_s)
+    print(f"\ntotal cases {all_cases} in {wall_s:.0f}s; other exceptions {exceptions} (must be 0); "
+          f"invariant violations {violations} (must be 0)")
+    print(f"slowest case {slowest.slowest_s:.4f}s ({slowest.slowest_case}), budget {slowest_budget_s}s; "
+          f"peak RSS {rss:.0f} MiB, budget {rss_budget_mib} MiB")
+    for name, st in parts.items():
+        for case, err in st.exceptions[:5]:
+            print(f"  EXCEPTION {name} {case}: {err}")
+        for case, bad in st.violations[:5]:
+            print(f"  VIOLATION {name} {case}: {bad}")
+    reasons = {name: dict(st.reasons.most_common()) for name, st in parts.items()}
+    print("refusal reasons:", json.dumps(reasons))
+    ok = exceptions == 0 and violations == 0 and slowest.slowest_s <= slowest_budget_s and rss <= rss_budget_mib
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump({"seed": seed, "cases": all_cases, "other_exceptions": exceptions, "violations": violations,
+                       "slowest_s": slowest.slowest_s, "slowest_case": slowest.slowest_case, "peak_rss_mib": rss,
+                       "budgets": {"slowest_s": slowest_budget_s, "peak_rss_mib": rss_budget_mib},
+                       "machine": platform.platform(), "parts": {k: v.summary() for k, v in parts.items()}},
+                      fh, indent=1, default=str)
+    print("OK" if ok else "OVER BUDGET OR FAILED")
+    return ok
