@@ -17,6 +17,7 @@ import pytest
 
 from swarm_node.node.metrics import read_metrics
 from swarm_node.runs.local_swarm import Peer, child_env, cli, stop_process, write_peer_config
+from tests.test_checkpoint import _mount_tmpfs  # the same tmpfs helper for the real-ENOSPC tests
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -125,15 +126,6 @@ def test_sigterm_inside_the_dpo_local_steps(presets: Path, tmp_path: Path) -> No
     assert rows[-1]["heldout_pref_acc"] is not None  # the stopped round is evaluated
     _check_resumes(peer, ck_round=r, next_round=r + 1, rounds=r + 3)
     assert [x["round"] for x in read_metrics(peer.metrics)] == list(range(r + 3))
-
-
-def _mount_tmpfs(path: Path, size: str) -> bool:
-    path.mkdir(parents=True, exist_ok=True)
-    try:
-        return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                              capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
 
 
 def test_disk_full_while_checkpointing_keeps_the_node_training(presets: Path, tmp_path: Path) -> None:
