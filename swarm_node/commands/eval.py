@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from swarm_node.config import TaskConfig
+    from swarm_node.config import GenerationConfig, TaskConfig
     from swarm_node.errors import UserFacingError
     from swarm_node.evaluation import evaluate
     from swarm_node.generation.prompts import PromptEncoder
@@ -68,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
         recorded = ck.meta.get("prompt_encoding") or {}
     else:
         loaded = load_model(args.model, dtype=args.dtype, device=args.device)
-    template = args.chat_template or recorded.get("chat_template") or "auto"
-    max_prompt = args.max_prompt_tokens if args.max_prompt_tokens is not None else int(recorded.get("max_prompt_tokens") or 1024)
+    node_default = GenerationConfig()  # what a node uses when its config says nothing (and older checkpoints)
+    template = args.chat_template or recorded.get("chat_template") or node_default.chat_template
+    max_prompt = args.max_prompt_tokens if args.max_prompt_tokens is not None else int(
+        recorded.get("max_prompt_tokens") or node_default.max_prompt_tokens)
     if max_prompt < 1:
         raise UserFacingError(f"--max-prompt-tokens must be at least 1, got {max_prompt}")
     encoder = PromptEncoder(loaded.tokenizer, template, max_prompt)  # the node's one way to encode prompts
