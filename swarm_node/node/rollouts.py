@@ -134,12 +134,14 @@ def admit_batch(batch: RolloutBatch, source: str, task: Task, tokenizer: Any, ex
         if len(g.completions) < 2:
             out.rejected["group_too_small"] += 1
             continue
-        claimed = np.array([c.reward for c in g.completions], dtype=np.float32)
+        # Checked in float64, the wire's type: casting a claim such as 1e300 to float32 first would overflow
+        # (with a RuntimeWarning per group) before the range check could refuse it.
+        claimed = np.array([c.reward for c in g.completions], dtype=np.float64)
         if expect.trust_peer_rewards:
             if not np.all(np.isfinite(claimed)) or np.any(np.abs(claimed) > MAX_TRUSTED_REWARD):
-                out.rejected["reward_out_of_range"] += 1  # e.g. 1e300: finite in float64, inf in float32
+                out.rejected["reward_out_of_range"] += 1
                 continue
-            rewards = claimed
+            rewards = claimed.astype(np.float32)
         else:
             rewards = np.array(
                 [task.reward(prompt, tokenizer.decode(np.asarray(c.token_ids).tolist(), skip_special_tokens=True))
