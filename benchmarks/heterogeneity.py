@@ -14,8 +14,9 @@ Pairs (--pairs):
 Arms (--arms): alone, naive, vis, tis, filter, ftis (training.variant; docs/algorithms.md).
 
 Reported per pair, model and arm: in- and out-of-distribution accuracy at the end (mean +- std over seeds),
-the gain over "alone" with its paired standard error and a verdict (higher / lower / cannot tell at 2 SE),
-and the filtered share of the partner's sequences. Learning curves with +-1 std bands go to a PNG.
+the gain over "alone" (does sharing help at all) and over "naive" (does the correction beat plain sharing),
+each with its paired standard error and a verdict (higher / lower / cannot tell at 2 SE), and the filtered
+share of the partner's sequences. The JSON keeps every run's per-problem hits for further pairings. Learning curves with +-1 std bands go to a PNG.
 
     python benchmarks/heterogeneity.py --seeds 5 --json heterogeneity.json --png heterogeneity.png
     python benchmarks/heterogeneity.py --quick --seeds 2 --json heterogeneity-quick.json
@@ -134,27 +135,38 @@ def _run_job(job: tuple[str, str, int, argparse.Namespace, dict]) -> list[dict]:
     return run_arm(pair, arm, seed, args, cache)
 
 
+def paired_gain(rows: list[dict], base: dict[int, dict], split: str) -> tuple[float, float, str]:
+    """Mean over seeds of (arm - base) on one split, its SE (per-problem pairs within a seed, spread across
+    seeds) and the 2-SE verdict; nan and "cannot tell" when no seed has both."""
+    paired = [(r, base[r["seed"]]) for r in rows if r["seed"] in base]
+    if not paired:
+        return float("nan"), float("nan"), "cannot tell"
+    diffs = [a[f"end_{split}"] - b[f"end_{split}"] for a, b in paired]
+    ses = [paired_se(a[f"hits_{split}"], b[f"hits_{split}"]) for a, b in paired]
+    d, se = float(np.mean(diffs)), combined_se(ses, diffs)
+    return d, se, verdict(d, se)
+
+
 def summarise(results: list[dict]) -> list[dict]:
-    """Per (pair, model, arm): end accuracies over seeds, and the paired gain over the same seeds' alone arm."""
+    """Per (pair, model, arm): end accuracies over seeds, and the paired gains over the same seeds' alone arm
+    (does sharing help at all) and naive arm (does the correction beat plain sharing)."""
     table = []
     keys = sorted({(r["pair"], r["model"], r["arm"]) for r in results}, key=lambda k: (k[0], k[1], ARMS.index(k[2])))
     for pair, model, arm in keys:
         rows = [r for r in results if (r["pair"], r["model"], r["arm"]) == (pair, model, arm)]
-        alone = {r["seed"]: r for r in results if (r["pair"], r["model"], r["arm"]) == (pair, model, "alone")}
         entry = {"pair": pair, "model": model, "arm": arm, "seeds": sorted(r["seed"] for r in rows),
                  "end_id": mean_std([r["end_id"] for r in rows]), "end_ood": mean_std([r["end_ood"] for r in rows]),
                  "start_id": mean_std([r["start_id"] for r in rows]),
                  "start_ood": mean_std([r["start_ood"] for r in rows]),
                  "filtered_share": mean_std([r["filtered_share"] for r in rows])}
-        for split in ("id", "ood"):
-            paired = [(r, alone[r["seed"]]) for r in rows if r["seed"] in alone]
-            diffs = [a[f"end_{split}"] - b[f"end_{split}"] for a, b in paired]
-            ses = [paired_se(a[f"hits_{split}"], b[f"hits_{split}"]) for a, b in paired]
-            d = float(np.mean(diffs)) if diffs and arm != "alone" else float("nan")
-            se = combined_se(ses, diffs) if diffs and arm != "alone" else float("nan")
-            entry[f"gain_vs_alone_{split}"] = d
-            entry[f"se_vs_alone_{split}"] = se
-            entry[f"verdict_{split}"] = verdict(d, se) if arm != "alone" else "-"
+        for baseline in ("alone", "naive"):
+            base = {r["seed"]: r for r in results if (r["pair"], r["model"], r["arm"]) == (pair, model, baseline)}
+            skip = ARMS.index(arm) <= ARMS.index(baseline)  # alone vs itself; naive and alone vs naive
+            for split in ("id", "ood"):
+                d, se, v = (float("nan"), float("nan"), "-") if skip else paired_gain(rows, base, split)
+                entry[f"gain_vs_{baseline}_{split}"] = d
+                entry[f"se_vs_{baseline}_{split}"] = se
+                entry[f"verdict_{split}" if baseline == "alone" else f"verdict_vs_naive_{split}"] = v
         table.append(entry)
     return table
 
@@ -234,24 +246,29 @@ def main() -> None:
     table = summarise(results)
     print(f"\n{args.rounds} rounds, {args.prompts} prompts x 8 per model per round, held-out n={args.eval_n} "
           f"(id and ood), seeds {seeds}; mean +- std over seeds; gain = paired difference vs alone (+- SE)\n")
-    print(f"{'pair':9s} {'model':13s} {'arm':6s} {'id end':>15s} {'ood end':>15s} {'id gain':>15s} {'':12s} "
-          f"{'ood gain':>15s} {'':12s} {'filtered':>8s}")
-    def gain(e: dict, split: str) -> str:
-        d, se = e[f"gain_vs_alone_{split}"], e[f"se_vs_alone_{split}"]
-        return "-" if np.isnan(d) else f"{d:+.3f} +- {se:.3f}"
+    print(f"{'pair':9s} {'model':13s} {'arm':6s} {'id end':>15s} {'ood end':>15s} {'id vs alone':>15s} {'':12s} "
+          f"{'ood vs alone':>15s} {'':12s} {'id vs naive':>15s} {'':12s} {'ood vs naive':>15s} {'':12s} "
+          f"{'filtered':>8s}")
+
+    def gain(e: dict, baseline: str, split: str) -> str:
+        d, se = e[f"gain_vs_{baseline}_{split}"], e[f"se_vs_{baseline}_{split}"]
+        v = e[f"verdict_{split}" if baseline == "alone" else f"verdict_vs_naive_{split}"]
+        return f"{'-':>15s} {'':12s}" if np.isnan(d) else f"{f'{d:+.3f} +- {se:.3f}':>15s} {v:12s}"
 
     for e in table:
         fs = e["filtered_share"][0]
         print(f"{e['pair']:9s} {e['model']:13s} {e['arm']:6s} {fmt_ms(e['end_id']):>15s} {fmt_ms(e['end_ood']):>15s} "
-              f"{gain(e, 'id'):>15s} {e['verdict_id']:12s} {gain(e, 'ood'):>15s} {e['verdict_ood']:12s} "
-              f"{'-' if np.isnan(fs) else f'{fs:.3f}':>8s}")
+              + " ".join(gain(e, b, sp) for b in ("alone", "naive") for sp in ("id", "ood"))
+              + f" {'-' if np.isnan(fs) else f'{fs:.3f}':>8s}")
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
     if args.png:
         plot(results, args.png)
         print(f"curves: {args.png}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        slim = [{k: v for k, v in r.items() if not k.startswith("hits_")} for r in results]
+        # per-problem hits as "0101..." strings, so any two arms of a seed can be paired again from the file
+        slim = [{k: ("".join("1" if h else "0" for h in v) if k.startswith("hits_") else v) for k, v in r.items()}
+                for r in results]
         args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "seeds": seeds,
                                          "table": table, "runs": slim}, indent=1))
 
