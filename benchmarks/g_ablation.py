@@ -18,69 +18,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from frozen_source import paired_table, run_learner
 
-from swarm_node.config import NodeConfig
-from swarm_node.evaluation import score_prompts
-from swarm_node.node.grpo_node import GRPONode
-from swarm_node.runs.stats import combined_se, fmt_ms, mean_std, paired_se, verdict
+from swarm_node.runs.stats import fmt_ms
 
 GS = (5.0, 10.0, 50.0, 100.0, 200.0)
 DEFAULT_G = 50.0
 
 
-def node(model: str, g: float, seed: int, args: argparse.Namespace, workdir: Path) -> GRPONode:
-    cfg = NodeConfig.model_validate({
-        "seed": seed,
-        "model": {"path": model},
-        "task": {"name": "arithmetic", "prompts_per_round": args.prompts, "eval_n": args.eval_n},
-        "generation": {"num_generations": 8, "max_new_tokens": 6},
-        "training": {"variant": "ftis", "filter_threshold": g},
-    })
-    torch.manual_seed(seed)
-    return GRPONode(cfg, workdir)
-
-
-def hits(n: GRPONode, eval_n: int) -> list[bool]:
-    out, _ = score_prompts(n.loaded.model, n.tok, n.task, n.task.eval_prompts("id", eval_n),
-                           n.cfg.generation.max_new_tokens, batch_size=64)
-    return [bool(h) for h in out]
-
-
 def run_one(g: float, seed: int, args: argparse.Namespace) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        source = node(args.source, DEFAULT_G, 1000 + seed, args, Path(tmp) / "src")
-        learner = node(args.learner, g, seed, args, Path(tmp) / "learner")
-        learner.external_source = lambda r: source.generate(r).train_groups(source=args.source)
-        rows = [learner.run_round() for _ in range(args.rounds)]
-        end = hits(learner, args.eval_n)
-    external = sum(r["external_groups"] for r in rows) * 8
-    return {"g": g, "seed": seed, "acc": float(np.mean(end)), "hits": end,
-            "filtered": sum(r["filtered_external"] for r in rows), "external_sequences": external,
-            "filtered_share": sum(r["filtered_external"] for r in rows) / external if external else None}
+    return {"g": g} | run_learner({"variant": "ftis", "filter_threshold": g}, seed, args)
 
 
 def summarise(runs: list[dict]) -> list[dict]:
-    base = {r["seed"]: r for r in runs if r["g"] == DEFAULT_G}
-    table = []
-    for g in sorted({r["g"] for r in runs}):
-        rows = [r for r in runs if r["g"] == g]
-        entry = {"g": g, "seeds": sorted(r["seed"] for r in rows), "acc": mean_std([r["acc"] for r in rows]),
-                 "filtered_share": mean_std([r["filtered_share"] for r in rows])}
-        paired = [(r, base[r["seed"]]) for r in rows if r["seed"] in base]
-        if g != DEFAULT_G and paired:
-            diffs = [a["acc"] - b["acc"] for a, b in paired]
-            se = combined_se([paired_se(a["hits"], b["hits"]) for a, b in paired], diffs)
-            entry.update(diff=float(np.mean(diffs)), se=se, verdict=verdict(float(np.mean(diffs)), se))
-        else:
-            entry.update(diff=float("nan"), se=float("nan"), verdict="-")
-        table.append(entry)
-    return table
+    return sorted(paired_table(runs, "g", DEFAULT_G), key=lambda e: e["g"])
 
 
 def show(table: list[dict], header: str) -> None:
