@@ -4,7 +4,7 @@ Two SwarmNodes on 127.0.0.1; a thread keeps reading announcements (as the round 
 collects) and the heartbeat runs at --heartbeat; the child is killed at a random moment, --trials times.
 Prints each trial and the min / median / max.
 
-    python benchmarks/dht_recovery.py --trials 10 --heartbeat 1.0 [--json out.json]
+    python benchmarks/dht_recovery.py --trials 10 --heartbeat 1.0 [--seeds 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--heartbeat", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="first seed (when, within 1-3 s, each kill comes)")
+    ap.add_argument("--seeds", type=int, default=1, help="run --trials kills per seed; the summary pools them")
     ap.add_argument("--quick", action="store_true", help="3 trials")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     trials = 3 if args.quick else args.trials
-    rng = random.Random(args.seed)
 
     def cfg(**kw) -> SwarmConfig:
         return SwarmConfig(enabled=True, host_maddrs=LOOPBACK, heartbeat_s=args.heartbeat, record_ttl_s=30.0,
@@ -52,16 +52,18 @@ def main() -> None:
     threading.Thread(target=reader, daemon=True).start()
     rows = []
     try:
-        for trial in range(trials):
+        for seed, trial in [(s, t) for s in range(args.seed, args.seed + args.seeds) for t in range(trials)]:
+            if trial == 0:
+                rng = random.Random(seed)
             time.sleep(rng.uniform(1.0, 3.0))
             before, t0 = b.stats()["dht_restarts"], time.monotonic()
             os.kill(b._dht.pid, signal.SIGKILL)
             while b.stats()["dht_restarts"] == before:
                 time.sleep(0.02)
             restarted = time.monotonic() - t0
-            a.publish("batch", trial, os.urandom(10_000))
-            got = b.collect("batch", trial, k=1, staleness=0, deadline_s=20)
-            rows.append({"trial": trial, "restart_s": round(restarted, 2),
+            a.publish("batch", len(rows), os.urandom(10_000))
+            got = b.collect("batch", len(rows), k=1, staleness=0, deadline_s=20)
+            rows.append({"seed": seed, "trial": trial, "restart_s": round(restarted, 2),
                          "exchange_s": round(time.monotonic() - t0, 2), "received": len(got)})
             print(rows[-1], flush=True)
     finally:
@@ -70,7 +72,7 @@ def main() -> None:
         a.close()
     r = [x["restart_s"] for x in rows]
     e = [x["exchange_s"] for x in rows]
-    summary = {"heartbeat_s": args.heartbeat, "trials": trials, "restart_min_s": min(r),
+    summary = {"heartbeat_s": args.heartbeat, "seeds": list(range(args.seed, args.seed + args.seeds)), "trials": len(rows), "restart_min_s": min(r),
                "restart_median_s": statistics.median(r), "restart_max_s": max(r), "exchange_median_s": statistics.median(e),
                "exchange_max_s": max(e), "all_received": all(x["received"] == 1 for x in rows)}
     print(json.dumps(summary))

@@ -19,7 +19,7 @@ import logging
 import time
 
 from swarm_node.protocol import fuzz as pf
-from swarm_node.protocol.fuzz import report
+from swarm_node.protocol.fuzz import merge_parts, report, seed_shares
 from swarm_node.swarm import fuzz as sf
 
 SLOWEST_BUDGET_S = 0.5  # CPU seconds of one case (thread time, so a loaded machine does not inflate it)
@@ -30,7 +30,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=100_000, help="total cases (decoder and records together)")
     ap.add_argument("--record-share", type=float, default=0.1, help="fraction of the cases spent on DHT records")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="first seed")
+    ap.add_argument("--seeds", type=int, default=1, help="split the cases over this many seeds' case streams")
     ap.add_argument("--quick", action="store_true", help="5,000 cases")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -39,11 +40,13 @@ def main() -> int:
     n_records = int(total * args.record_share)
     n_decode = total - n_records
     t0 = time.time()
-    decode = pf.run(n_decode, args.seed, progress=lambda i: print(f"  decoder cases: {i}", flush=True))
-    records = sf.run_records(n_records, args.seed)
-    parts = {f"decoder/{k}": v for k, v in decode.items()} | {"records": records}
-    ok = report(parts, time.time() - t0, seed=args.seed, json_path=args.json, slowest_budget_s=SLOWEST_BUDGET_S,
-                rss_budget_mib=PEAK_RSS_BUDGET_MIB, label="part")
+    parts: dict = {}
+    for (seed, n_dec), (_, n_rec) in zip(seed_shares(n_decode, args.seed, args.seeds),
+                                         seed_shares(n_records, args.seed, args.seeds), strict=True):
+        decode = pf.run(n_dec, seed, progress=lambda c, s=seed: print(f"  seed {s} decoder cases: {c}", flush=True))
+        merge_parts(parts, {f"decoder/{k}": v for k, v in decode.items()} | {"records": sf.run_records(n_rec, seed)})
+    ok = report(parts, time.time() - t0, seed=list(range(args.seed, args.seed + args.seeds)), json_path=args.json,
+                slowest_budget_s=SLOWEST_BUDGET_S, rss_budget_mib=PEAK_RSS_BUDGET_MIB, label="part")
     return 0 if ok else 1
 
 

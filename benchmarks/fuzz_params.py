@@ -21,7 +21,7 @@ import warnings
 import torch
 
 from swarm_node.gossip import fuzz as gf
-from swarm_node.protocol.fuzz import report
+from swarm_node.protocol.fuzz import merge_parts, report, seed_shares
 
 SLOWEST_BUDGET_S = 0.5  # CPU seconds of one case
 PEAK_RSS_BUDGET_MIB = 768  # the whole process: interpreter, torch, hivemind, and the largest decode
@@ -30,7 +30,8 @@ PEAK_RSS_BUDGET_MIB = 768  # the whole process: interpreter, torch, hivemind, an
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=100_000)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="first seed")
+    ap.add_argument("--seeds", type=int, default=1, help="split the cases over this many seeds' case streams")
     ap.add_argument("--receive-share", type=float, default=0.1, help="fraction also run through gossip_step")
     ap.add_argument("--max-bytes", type=int, default=1 << 20, help="the receiver's size bound")
     ap.add_argument("--quick", action="store_true", help="5,000 cases")
@@ -41,10 +42,12 @@ def main() -> int:
     warnings.simplefilter("ignore")  # hivemind's 8-bit encoder warns about a deprecated torch API on every call
     total = 5_000 if args.quick else args.cases
     t0 = time.time()
-    parts = gf.run(total, args.seed, receive_share=args.receive_share, max_bytes=args.max_bytes,
-                   progress=lambda i: print(f"  cases: {i}", flush=True))
-    ok = report(parts, time.time() - t0, seed=args.seed, json_path=args.json, slowest_budget_s=SLOWEST_BUDGET_S,
-                rss_budget_mib=PEAK_RSS_BUDGET_MIB, label="family")
+    parts: dict = {}
+    for seed, n in seed_shares(total, args.seed, args.seeds):
+        merge_parts(parts, gf.run(n, seed, receive_share=args.receive_share, max_bytes=args.max_bytes,
+                                  progress=lambda c, s=seed: print(f"  seed {s} cases: {c}", flush=True)))
+    ok = report(parts, time.time() - t0, seed=list(range(args.seed, args.seed + args.seeds)), json_path=args.json,
+                slowest_budget_s=SLOWEST_BUDGET_S, rss_budget_mib=PEAK_RSS_BUDGET_MIB, label="family")
     return 0 if ok else 1
 
 

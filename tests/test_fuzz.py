@@ -43,3 +43,10 @@ def test_dpo_parameter_fuzz_finds_no_exception_and_no_invariant_violation() -> N
     assert {"bad_header", "arch_mismatch", "wrong_count", "truncated", "bad_proto", "bad_encoding", "wrong_shape",
             "wrong_size", "not_finite", "trailing_bytes", "too_large"} <= set(reasons), reasons
     assert parts["bomb"].cases == 3 * 7 and parts["bomb"].accepted == 0
+
+
+def test_the_mutator_survives_its_own_earlier_mutations() -> None:
+    """Seed 1's stream once crashed the fuzzer itself: a column mutation put a float in the prompt-template
+    list and a later template mutation called str.replace on it."""
+    parts = pf.run(1500, seed=1, with_bombs=False)  # the crash came between cases 1000 and 1500
+    assert sum(st.cases for st in parts.values()) == 1500

@@ -172,7 +172,8 @@ def mutate_body(rng: np.random.Generator, body: dict) -> tuple[dict, str]:
                 j = int(rng.integers(0, 4))
                 extra = random_text(rng) + pid_codec.HOLE * int(rng.integers(0, 10))
                 body["pt"] = (pt[1:] if j == 0 else pt + [extra] if j == 1 else pt + pt if j == 2
-                              else [t.replace(pid_codec.HOLE, pick(rng, ["", pid_codec.END, "\udfff"])) for t in pt])
+                              else [t.replace(pid_codec.HOLE, pick(rng, ["", pid_codec.END, "\udfff"]))
+                                    if isinstance(t, str) else t for t in pt])  # an earlier op may have put a non-str
             ops.append("pt")
         elif op == 6:
             rv = body.get("rv")
@@ -447,7 +448,19 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def report(parts: dict[str, FuzzStats], wall_s: float, *, seed: int, json_path: str | None, slowest_budget_s: float,
+def seed_shares(total: int, first_seed: int, seeds: int) -> list[tuple[int, int]]:
+    """(seed, cases) for a run of `total` cases split as evenly as possible over `seeds` case streams."""
+    return [(first_seed + i, total // seeds + (1 if i < total % seeds else 0)) for i in range(seeds)]
+
+
+def merge_parts(into: dict[str, FuzzStats], parts: dict[str, FuzzStats]) -> dict[str, FuzzStats]:
+    """Add one seed's per-part stats to the running per-part totals (parts keep their first-seen order)."""
+    for name, st in parts.items():
+        into.setdefault(name, FuzzStats()).merge(st)
+    return into
+
+
+def report(parts: dict[str, FuzzStats], wall_s: float, *, seed: int | list[int], json_path: str | None, slowest_budget_s: float,
            rss_budget_mib: float, label: str = "part") -> bool:
     """Print a fuzz run's table, totals and examples (and write them as JSON); True if within every budget.
 
