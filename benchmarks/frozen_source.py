@@ -19,7 +19,7 @@ import torch
 from swarm_node.config import NodeConfig
 from swarm_node.evaluation import score_prompts
 from swarm_node.node.grpo_node import GRPONode
-from swarm_node.runs.stats import combined_se, mean_std, paired_se, verdict
+from swarm_node.runs.stats import mean_std, paired_difference
 
 
 def node(model: str, training: dict, seed: int, args: argparse.Namespace, workdir: Path) -> GRPONode:
@@ -71,9 +71,8 @@ def paired_table(runs: list[dict], key: str, base_value: object) -> list[dict]:
                  "params_finite": all(r.get("params_finite", True) for r in rows)}
         paired = [(r, base[r["seed"]]) for r in rows if r["seed"] in base]
         if value != base_value and paired:
-            diffs = [a["acc"] - b["acc"] for a, b in paired]
-            se = combined_se([paired_se(a["hits"], b["hits"]) for a, b in paired], diffs)
-            entry.update(diff=float(np.mean(diffs)), se=se, verdict=verdict(float(np.mean(diffs)), se))
+            d, se, v = paired_difference(paired, "acc", "hits")
+            entry.update(diff=d, se=se, verdict=v)
         else:
             entry.update(diff=float("nan"), se=float("nan"), verdict="-")
         table.append(entry)

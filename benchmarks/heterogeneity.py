@@ -39,7 +39,7 @@ import torch
 from swarm_node.config import NodeConfig
 from swarm_node.evaluation import score_prompts
 from swarm_node.node.grpo_node import GRPONode
-from swarm_node.runs.stats import combined_se, fmt_ms, mean_std, paired_se, verdict
+from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
 
 PAIRS: dict[str, tuple[dict, dict]] = {
     "size": ({"path": "tiny-s"}, {"path": "tiny-m"}),
@@ -141,10 +141,7 @@ def paired_gain(rows: list[dict], base: dict[int, dict], split: str) -> tuple[fl
     paired = [(r, base[r["seed"]]) for r in rows if r["seed"] in base]
     if not paired:
         return float("nan"), float("nan"), "cannot tell"
-    diffs = [a[f"end_{split}"] - b[f"end_{split}"] for a, b in paired]
-    ses = [paired_se(a[f"hits_{split}"], b[f"hits_{split}"]) for a, b in paired]
-    d, se = float(np.mean(diffs)), combined_se(ses, diffs)
-    return d, se, verdict(d, se)
+    return paired_difference(paired, f"end_{split}", f"hits_{split}")
 
 
 def summarise(results: list[dict]) -> list[dict]:

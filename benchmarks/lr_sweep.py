@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from swarm_node.models.presets import PRESETS
-from swarm_node.runs.stats import combined_se, fmt_ms, mean_std, paired_se, verdict
+from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
 
 GRID = {
     "tiny-s": [1e-5, 3e-5, 1e-4],
@@ -102,10 +102,8 @@ def summarize(rows: list[dict]) -> dict:
                 v[f"gain_{s}"] = mean_std([r[f"after_{s}"] - r[f"before_{s}"] for r in runs])
                 pairs = [(r, by_key[(base_lr, r["seed"])]) for r in runs if (base_lr, r["seed"]) in by_key]
                 if lr != base_lr and pairs:
-                    diffs = [a[f"after_{s}"] - b[f"after_{s}"] for a, b in pairs]
-                    se = combined_se([paired_se(a[f"hits_{s}"], b[f"hits_{s}"]) for a, b in pairs], diffs)
-                    d = sum(diffs) / len(diffs)
-                    v[f"vs_default_{s}"] = {"diff": d, "se": se, "n": len(pairs), "verdict": verdict(d, se)}
+                    d, se, vd = paired_difference(pairs, f"after_{s}", f"hits_{s}")
+                    v[f"vs_default_{s}"] = {"diff": d, "se": se, "n": len(pairs), "verdict": vd}
             per_lr[lr] = v
         better = [lr for lr, v in per_lr.items() if v.get("vs_default_id", {}).get("verdict") == "higher"]
         pick = max(better, key=lambda lr: per_lr[lr]["vs_default_id"]["diff"]) if better else base_lr

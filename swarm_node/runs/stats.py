@@ -43,6 +43,16 @@ def combined_se(per_seed_se: Sequence[float], diffs: Sequence[float]) -> float:
     return within if math.isnan(across) else max(within, across)
 
 
+def paired_difference(pairs: Sequence[tuple[dict, dict]], acc: str, hits: str) -> tuple[float, float, str]:
+    """For runs (a, b) of the same seeds scored on the same problems: the mean over seeds of a[acc] - b[acc], its
+    SE (`combined_se` of the per-problem paired SEs of a[hits], b[hits] and the spread over seeds) and the 2-SE
+    verdict. The benchmarks' one way of comparing two arms."""
+    diffs = [a[acc] - b[acc] for a, b in pairs]
+    d = float(np.mean(diffs))
+    se = combined_se([paired_se(a[hits], b[hits]) for a, b in pairs], diffs)
+    return d, se, verdict(d, se)
+
+
 def verdict(diff: float, se: float, k: float = 2.0) -> str:
     """'higher' / 'lower' when |diff| > k SE, else 'cannot tell' (also when the SE is unknown)."""
     if math.isnan(diff) or math.isnan(se) or se <= 0 and diff == 0:
