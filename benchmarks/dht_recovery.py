@@ -52,27 +52,28 @@ def main() -> None:
     threading.Thread(target=reader, daemon=True).start()
     rows = []
     try:
-        for seed, trial in [(s, t) for s in range(args.seed, args.seed + args.seeds) for t in range(trials)]:
-            if trial == 0:
-                rng = random.Random(seed)
-            time.sleep(rng.uniform(1.0, 3.0))
-            before, t0 = b.stats()["dht_restarts"], time.monotonic()
-            os.kill(b._dht.pid, signal.SIGKILL)
-            while b.stats()["dht_restarts"] == before:
-                time.sleep(0.02)
-            restarted = time.monotonic() - t0
-            a.publish("batch", len(rows), os.urandom(10_000))
-            got = b.collect("batch", len(rows), k=1, staleness=0, deadline_s=20)
-            rows.append({"seed": seed, "trial": trial, "restart_s": round(restarted, 2),
-                         "exchange_s": round(time.monotonic() - t0, 2), "received": len(got)})
-            print(rows[-1], flush=True)
+        for seed in range(args.seed, args.seed + args.seeds):
+            rng = random.Random(seed)
+            for trial in range(trials):
+                time.sleep(rng.uniform(1.0, 3.0))
+                before, t0 = b.stats()["dht_restarts"], time.monotonic()
+                os.kill(b._dht.pid, signal.SIGKILL)
+                while b.stats()["dht_restarts"] == before:
+                    time.sleep(0.02)
+                restarted = time.monotonic() - t0
+                a.publish("batch", len(rows), os.urandom(10_000))  # a round number no earlier trial used
+                got = b.collect("batch", len(rows), k=1, staleness=0, deadline_s=20)
+                rows.append({"seed": seed, "trial": trial, "restart_s": round(restarted, 2),
+                             "exchange_s": round(time.monotonic() - t0, 2), "received": len(got)})
+                print(rows[-1], flush=True)
     finally:
         stop.set()
         b.close()
         a.close()
     r = [x["restart_s"] for x in rows]
     e = [x["exchange_s"] for x in rows]
-    summary = {"heartbeat_s": args.heartbeat, "seeds": list(range(args.seed, args.seed + args.seeds)), "trials": len(rows), "restart_min_s": min(r),
+    summary = {"heartbeat_s": args.heartbeat, "seeds": sorted({x["seed"] for x in rows}), "trials": len(rows),
+               "restart_min_s": min(r),
                "restart_median_s": statistics.median(r), "restart_max_s": max(r), "exchange_median_s": statistics.median(e),
                "exchange_max_s": max(e), "all_received": all(x["received"] == 1 for x in rows)}
     print(json.dumps(summary))

@@ -50,9 +50,9 @@ def main() -> None:
     t0, runs = time.perf_counter(), []
     for seed in range(args.seed, args.seed + args.seeds):
         for v in args.variants:
-            runs.append({"variant": v} | run_learner({"variant": v}, seed, args))
-        for r in runs[-len(args.variants):]:
-            print(f"[{time.perf_counter() - t0:5.0f}s] seed {seed} {r['variant']:9s} acc {r['acc']:.3f}, "
+            r = {"variant": v} | run_learner({"variant": v}, seed, args)
+            runs.append(r)
+            print(f"[{time.perf_counter() - t0:5.0f}s] seed {seed} {v:9s} acc {r['acc']:.3f}, "
                   f"filtered {r['filtered']} of {r['external_sequences']}", flush=True)
     table = paired_table(runs, "variant", BASE)
     print(f"\n{args.learner} learner + frozen {args.source} samples, {args.rounds} rounds, {args.prompts} prompts x 8 "
