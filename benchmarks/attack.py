@@ -7,34 +7,31 @@ cause; then the honest node's rounds per second against the baseline's (after ro
 stayed finite, and the accuracy difference against the same seeded run without the attacker (mean over
 the common eval points; over seeds: mean +- SE and a verdict, "cannot tell" with one seed).
 
-    python benchmarks/attack.py [--quick] [--seeds N] [--rounds-per-mode R] [--json F]
+    python -m benchmarks.attack [--quick] [--seeds N] [--rounds-per-mode R] [--json F]
+
+The adversary is a test helper (tests/adversary.py), not part of the package: run from the repository root.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the adversary is a test helper (tests/adversary.py), not part of the package
-
-from swarm_node.runs.stats import seeds_se, verdict  # noqa: E402
-from tests.adversary import MODES, run_side_by_side, summarize  # noqa: E402
+from benchmarks.args import add_run_args, resolve_seeds, write_json
+from swarm_node.runs.stats import seeds_se, verdict
+from tests.adversary import MODES, run_side_by_side, summarize
 
 
-def presets_root(tmp: Path) -> Path:
-    """$SWARM_NODE_PRESETS if set, else tiny-s built into `tmp` (what the test session fixture does)."""
+def presets_root() -> Path:
+    """The presets cache ($SWARM_NODE_PRESETS, else the user's cache) with tiny-s built, exported to the nodes."""
     from swarm_node.models.factory import ensure_preset
+    from swarm_node.models.presets import default_presets_dir
 
-    env = os.environ.get("SWARM_NODE_PRESETS")
-    root = Path(env) if env else tmp / "presets"
+    root = default_presets_dir()
     ensure_preset("tiny-s", root)
     os.environ["SWARM_NODE_PRESETS"] = str(root)
     return root
@@ -42,21 +39,19 @@ def presets_root(tmp: Path) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one seed, a subset of modes")
-    ap.add_argument("--seeds", type=int, default=1, help="seeds 1..N")
+    add_run_args(ap, seeds=1, first_seed=1, quick="a subset of modes")
     ap.add_argument("--rounds-per-mode", type=int, default=1)
     ap.add_argument("--modes", default="", help="comma-separated (default: all)")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
     modes = args.modes.split(",") if args.modes else list(MODES)
     if args.quick:
         modes = modes if args.modes else ["false_rewards", "zstd_bomb", "replay_reencoded", "fabricate_positive",
                                           "sybil", "junk_requests"]
-    seeds = [1] if args.quick else list(range(1, args.seeds + 1))
     results = []
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
-        presets = presets_root(tmp)
+        presets = presets_root()
         for seed in seeds:
             t0 = time.monotonic()
             run = run_side_by_side(tmp / f"seed{seed}", presets, modes=modes, rounds_per_mode=args.rounds_per_mode,
@@ -92,11 +87,7 @@ def main() -> None:
     print(f"accuracy, attacked - baseline (mean over eval points): {mean_d:+.3f}"
           + ("" if math.isnan(se) else f" +- {se:.3f}") + f" -> {verdict(mean_d, se)}; "
           f"largest |difference| at one eval point: {max(s['max_abs_acc_delta'] for s in results):.3f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"seeds": seeds, "modes": modes, "machine": platform.platform(),
-                                               "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC",
-                                                                                         time.gmtime()),
-                                               "results": results}, indent=1, default=str))
+    write_json(args.json, {"seeds": seeds, "modes": modes, "results": results}, args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Two SwarmNodes on 127.0.0.1; a thread keeps reading announcements (as the round 
 collects) and the heartbeat runs at --heartbeat; the child is killed at a random moment, --trials times.
 Prints each trial and the min / median / max.
 
-    python benchmarks/dht_recovery.py --trials 10 --heartbeat 1.0 [--seeds 2] [--json out.json]
+    python -m benchmarks.dht_recovery --trials 10 --heartbeat 1.0 [--seeds 2] [--json out.json]
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import statistics
 import threading
 import time
 
+from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode
+from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
@@ -28,11 +29,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--heartbeat", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=0, help="first seed (when, within 1-3 s, each kill comes)")
-    ap.add_argument("--seeds", type=int, default=1, help="run --trials kills per seed; the summary pools them")
-    ap.add_argument("--quick", action="store_true", help="3 trials")
-    ap.add_argument("--json", default=None)
+    add_run_args(ap, seeds=1, quick="3 trials",
+                 seeds_help="run --trials kills per seed (a seed: when, within 1-3 s, each kill comes); pooled")
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
     trials = 3 if args.quick else args.trials
 
     def cfg(**kw) -> SwarmConfig:
@@ -40,29 +40,29 @@ def main() -> None:
                            bootstrap_retries=1, bootstrap_timeout_s=5.0, **kw)
 
     info = PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x")
-    a = SwarmNode(cfg(), info).start()
-    b = SwarmNode(cfg(initial_peers=a.visible_maddrs()), info).start()
+    a = SwarmNode(cfg(), info, validate=keep_raw).start()
+    b = SwarmNode(cfg(initial_peers=a.visible_maddrs()), info, validate=keep_raw).start()
     stop = threading.Event()
 
     def reader() -> None:
         while not stop.is_set():
-            b._read_announcements("batch")
+            b.membership.read_announcements("batch")
             time.sleep(0.05)
 
     threading.Thread(target=reader, daemon=True).start()
     rows = []
     try:
-        for seed in range(args.seed, args.seed + args.seeds):
+        for seed in seeds:
             rng = random.Random(seed)
             for trial in range(trials):
                 time.sleep(rng.uniform(1.0, 3.0))
                 before, t0 = b.stats()["dht_restarts"], time.monotonic()
-                os.kill(b._dht.pid, signal.SIGKILL)
+                os.kill(b.dht.child.pid, signal.SIGKILL)
                 while b.stats()["dht_restarts"] == before:
                     time.sleep(0.02)
                 restarted = time.monotonic() - t0
                 a.publish("batch", len(rows), os.urandom(10_000))  # a round number no earlier trial used
-                got = b.collect("batch", len(rows), k=1, staleness=0, deadline_s=20)
+                got = b.receive(1, lockstep=True, round=len(rows), staleness=0, deadline_s=20).batches
                 rows.append({"seed": seed, "trial": trial, "restart_s": round(restarted, 2),
                              "exchange_s": round(time.monotonic() - t0, 2), "received": len(got)})
                 print(rows[-1], flush=True)
@@ -77,9 +77,7 @@ def main() -> None:
                "restart_median_s": statistics.median(r), "restart_max_s": max(r), "exchange_median_s": statistics.median(e),
                "exchange_max_s": max(e), "all_received": all(x["received"] == 1 for x in rows)}
     print(json.dumps(summary))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"summary": summary, "trials": rows}, fh, indent=1)
+    write_json(args.json, {"summary": summary, "trials": rows}, args)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Decentralized DPO on five graphs, side by side: consensus, accuracy, contraction vs the spectral gap, bytes.
 
 8 in-process DPO nodes (a tiny Llama each, the same initial weights), 4 users with different tastes (node
-i has user i mod 4, so graph neighbours differ in taste; non-IID), one local DPO step per round, then one gossip average through the same functions the
-networked node runs (swarm_node/gossip/mixing.py). Per graph it reports:
+i has user i mod 4, so graph neighbours differ in taste; non-IID), one local DPO step per round, then one
+gossip average through the same functions the networked node runs (swarm_node/gossip/mixing.py). Per graph it reports:
 
 - consensus error sqrt(mean_i ||x_i - x_bar||^2) and the mean held-out preference accuracy of the nodes
   (the mixture of all users) per round;
@@ -15,22 +15,21 @@ networked node runs (swarm_node/gossip/mixing.py). Per graph it reports:
 
 Results are mean +- std over seeds (model init and data). Run from the project root:
 
-    python benchmarks/dpo_topology.py --seeds 3 --json dpo_topology.json
-    python benchmarks/dpo_topology.py --quick
+    python -m benchmarks.dpo_topology --seeds 3 --json dpo_topology.json
+    python -m benchmarks.dpo_topology --quick
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from swarm_node import gossip as G
+from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from swarm_node import gossip
 from swarm_node.gossip import choco, topology
 from swarm_node.models.factory import Preset, build_model, build_tokenizer
 from swarm_node.runs.stats import fmt_ms as fmt
@@ -77,14 +76,14 @@ class Swarm:
         self.trainers = [DPOTrainer(m, self.tok, task.user_pairs(i % users, pairs, seed=1000 * seed + i), lr=lr,
                                     batch_size=16, seed=seed + i) for i, m in enumerate(self.models)]
         self.held = HeldOut(base, self.tok, task.heldout_pairs(heldout, seed=seed + 10_000))
-        self.arch = G.arch_fingerprint(base)
+        self.arch = gossip.arch_fingerprint(base)
         self.shapes = [p.shape for _, p in trainable_named(base)]
 
     def accuracy(self) -> float:
         return float(np.mean([self.held.evaluate(m)["heldout_pref_acc"] for m in self.models]))
 
     def params(self) -> list[list[torch.Tensor]]:
-        return [G.get_params(m) for m in self.models]
+        return [gossip.get_params(m) for m in self.models]
 
 
 def run_plain(sw: Swarm, graph: str, compression: str, rounds: int, eval_every: int) -> dict:
@@ -94,11 +93,12 @@ def run_plain(sw: Swarm, graph: str, compression: str, rounds: int, eval_every: 
     for r in range(rounds):
         for t in sw.trainers:
             t.local_steps(1)
-        blobs = {p: G.encode_params(G.get_params(m), sw.arch, compression) for p, m in zip(sw.ids, sw.models, strict=True)}
+        blobs = {p: gossip.encode_params(gossip.get_params(m), sw.arch, compression)
+                 for p, m in zip(sw.ids, sw.models, strict=True)}
         sent += float(np.mean([degree[i] * len(blobs[p]) for i, p in enumerate(sw.ids)]))
         for p, m in zip(sw.ids, sw.models, strict=True):
-            res = G.gossip_step(p, blobs[p], blobs, sw.ids, adj, sw.shapes, sw.arch, compression)
-            G.set_params(m, res.params)
+            res = gossip.gossip_step(p, blobs[p], blobs, sw.ids, adj, sw.shapes, sw.arch, compression)
+            gossip.set_params(m, res.params)
         errors.append(consensus_error(sw.params()))
         if (r + 1) % eval_every == 0 or r == rounds - 1:
             curve.append((r + 1, sw.accuracy(), sent))
@@ -119,8 +119,8 @@ def run_choco(sw: Swarm, graph: str, rounds: int, eval_every: int, fraction: flo
         sent += float(np.mean([degree[i] * choco.message_bytes(q) for i, q in enumerate(msgs)]))
         by_id = dict(zip(sw.ids, public, strict=True))
         for i, (p, m) in enumerate(zip(sw.ids, sw.models, strict=True)):
-            weights = G.live_mixing_row(adj, sw.ids, p)
-            G.set_params(m, choco.consensus_step(xs[i], public[i], by_id, weights, p, gamma))
+            weights = gossip.live_mixing_row(adj, sw.ids, p)
+            gossip.set_params(m, choco.consensus_step(xs[i], public[i], by_id, weights, p, gamma))
         errors.append(consensus_error(sw.params()))
         if (r + 1) % eval_every == 0 or r == rounds - 1:
             curve.append((r + 1, sw.accuracy(), sent))
@@ -133,9 +133,7 @@ def bytes_to_reach(curve: list[tuple[int, float, float]], target: float) -> floa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke size: 2 graphs, 8 rounds, 1 seed")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0, help="first seed")
+    add_run_args(ap, seeds=3, quick_seeds=1, quick="ring and complete (CHOCO on the ring), 8 rounds, eval every 4")
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--eval-every", type=int, default=5)
@@ -143,12 +141,11 @@ def main() -> None:
     ap.add_argument("--choco-graphs", nargs="+", default=["ring", "exponential"], choices=GRAPHS)
     ap.add_argument("--choco-fraction", type=float, default=0.05, help="top-k share of entries sent")
     ap.add_argument("--choco-gamma", type=float, default=0.5, help="consensus step size")
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
     if args.quick:
-        args.seeds, args.rounds, args.graphs, args.choco_graphs, args.eval_every = 1, 8, ["ring", "complete"], ["ring"], 4
+        args.rounds, args.graphs, args.choco_graphs, args.eval_every = 8, ["ring", "complete"], ["ring"], 4
     torch.set_num_threads(1)  # tiny models: one thread is faster than two busy ones
-    seeds = list(range(args.seed, args.seed + args.seeds))
     t0 = time.perf_counter()
     rows: dict[str, dict] = {}
     for graph in args.graphs:
@@ -209,10 +206,7 @@ def main() -> None:
                   f"{fmt(mean_std([r['curve'][-1][1] for r in ch])):>16s} {r16[0] / 1024:14.1f} "
                   f"{rc[0] / 1024 if reached else float('nan'):14.1f} {ratio:7.3f}  ({reached}/{len(ch)} seeds reached)")
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "seeds": seeds,
-                                         "summary": summary, "rows": rows}, indent=1, default=str))
+    write_json(args.json, {"args": public_args(args), "seeds": seeds, "summary": summary, "rows": rows}, args)
 
 
 if __name__ == "__main__":

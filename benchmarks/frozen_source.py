@@ -16,29 +16,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from swarm_node.config import NodeConfig
-from swarm_node.evaluation import score_prompts
+from benchmarks.nodes import grpo_node, heldout_score, node_config
 from swarm_node.node.grpo_node import GRPONode
 from swarm_node.runs.stats import mean_std, paired_difference
 
 
 def node(model: str, training: dict, seed: int, args: argparse.Namespace, workdir: Path) -> GRPONode:
-    cfg = NodeConfig.model_validate({
-        "seed": seed,
-        "model": {"path": model},
-        "task": {"name": "arithmetic", "prompts_per_round": args.prompts, "eval_n": args.eval_n},
-        "generation": {"num_generations": 8, "max_new_tokens": 6},
-        "training": training,
-    })
-    torch.manual_seed(seed)
-    return GRPONode(cfg, workdir)
-
-
-def hits(n: GRPONode, eval_n: int) -> list[bool]:
-    """Greedy exact match per held-out id problem (the first eval_n)."""
-    out, _ = score_prompts(n.loaded.model, n.tok, n.task, n.task.eval_prompts("id", eval_n),
-                           n.cfg.generation.max_new_tokens, batch_size=64)
-    return [bool(h) for h in out]
+    cfg = node_config(model, seed, prompts=args.prompts, eval_n=args.eval_n, training=training)
+    return grpo_node(cfg, workdir)
 
 
 def run_learner(training: dict, seed: int, args: argparse.Namespace) -> dict:
@@ -48,7 +33,7 @@ def run_learner(training: dict, seed: int, args: argparse.Namespace) -> dict:
         learner = node(args.learner, training, seed, args, Path(tmp) / "learner")
         learner.external_source = lambda r: source.generate(r).train_groups(source=args.source)
         rows = [learner.run_round() for _ in range(args.rounds)]
-        end = hits(learner, args.eval_n)
+        end = heldout_score(learner, "id", args.eval_n).hits
         finite = all(torch.isfinite(p).all() for p in learner.loaded.model.parameters())
     external = sum(r["external_groups"] for r in rows) * 8
     ratios = [r["mean_ratio_external"] for r in rows if r.get("mean_ratio_external") is not None]

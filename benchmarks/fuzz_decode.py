@@ -1,6 +1,6 @@
 """Fuzz the batch decoder and the DHT record validators with structure-aware mutations and random bytes.
 
-Cases (swarm_node.protocol.fuzz and swarm_node.swarm.fuzz): valid batches with their msgpack body mutated
+Cases (tests/tooling/batch_fuzz.py and record_fuzz.py): valid batches with their msgpack body mutated
 field by field, encoded payloads with their bytes damaged, random bytes (raw, behind a valid header, in
 a valid zstd frame), the bombs of issue 11, under the default DecodeLimits and under tight limits of the
 size a tiny node derives; and member records / announcements mutated, signed or not, under our swarm's
@@ -8,8 +8,8 @@ keys or another's. Prints, per part: cases, accepted, exceptions other than Prot
 accepted payloads that break the documented invariants (must be 0), the slowest case, and the peak RSS,
 each against a budget; exits 1 if any is over.
 
-    python benchmarks/fuzz_decode.py --cases 100000 --seed 0 --json fuzz.json
-    python benchmarks/fuzz_decode.py --quick
+    python -m benchmarks.fuzz_decode --cases 100000 --seed 0 --json fuzz.json
+    python -m benchmarks.fuzz_decode --quick
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ import argparse
 import logging
 import time
 
-from swarm_node.protocol import fuzz as pf
-from swarm_node.protocol.fuzz import merge_parts, report, seed_shares
-from swarm_node.swarm import fuzz as sf
+from benchmarks.args import add_run_args, resolve_seeds
+from tests.tooling import batch_fuzz as pf  # the fuzzers are test tooling (tests/tooling/), not the package
+from tests.tooling import record_fuzz as sf
+from tests.tooling.fuzzing import merge_parts, report, seed_shares
 
 SLOWEST_BUDGET_S = 0.5  # CPU seconds of one case (thread time, so a loaded machine does not inflate it)
 PEAK_RSS_BUDGET_MIB = 768  # the whole process: interpreter, numpy, hivemind, and the largest decode
@@ -30,11 +31,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=100_000, help="total cases (decoder and records together)")
     ap.add_argument("--record-share", type=float, default=0.1, help="fraction of the cases spent on DHT records")
-    ap.add_argument("--seed", type=int, default=0, help="first seed")
-    ap.add_argument("--seeds", type=int, default=1, help="split the cases over this many seeds' case streams")
-    ap.add_argument("--quick", action="store_true", help="5,000 cases")
-    ap.add_argument("--json", default=None)
+    add_run_args(ap, seeds=1, quick="5,000 cases", seeds_help="split the cases over this many seeds' case streams")
     args = ap.parse_args()
+    resolve_seeds(args)
     logging.disable(logging.WARNING)  # refusals are expected by the thousand; the counts are what matter
     total = 5_000 if args.quick else args.cases
     n_records = int(total * args.record_share)

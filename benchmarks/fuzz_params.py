@@ -1,14 +1,14 @@
 """Fuzz the DPO parameter payload codec (gossip/payload.py) and its receive path (mixing.gossip_step).
 
-Cases (swarm_node.gossip.fuzz): valid payloads of random shapes, values and compressions (none, float16,
+Cases (tests/tooling/params_fuzz.py): valid payloads of random shapes, values and compressions (none, float16,
 uint8) with a header field, a length prefix or a field of a tensor's protobuf message mutated; payload
 bytes damaged; random bytes; bombs (huge counts, lengths, shapes, unknown fields, the size bound). One case
 in ten also goes through gossip_step as a neighbour's payload. Prints, per family: cases, accepted,
 exceptions other than PayloadError (must be 0), accepted payloads that break the invariants (must be 0),
 the slowest case (thread CPU time) and the peak RSS, each against a budget; exits 1 if any is over.
 
-    python benchmarks/fuzz_params.py --cases 100000 --seed 0 --json fuzz_params.json
-    python benchmarks/fuzz_params.py --quick
+    python -m benchmarks.fuzz_params --cases 100000 --seed 0 --json fuzz_params.json
+    python -m benchmarks.fuzz_params --quick
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import warnings
 
 import torch
 
-from swarm_node.gossip import fuzz as gf
-from swarm_node.protocol.fuzz import merge_parts, report, seed_shares
+from benchmarks.args import add_run_args, resolve_seeds
+from tests.tooling import params_fuzz as gf  # the fuzzers are test tooling (tests/tooling/), not the package
+from tests.tooling.fuzzing import merge_parts, report, seed_shares
 
 SLOWEST_BUDGET_S = 0.5  # CPU seconds of one case
 PEAK_RSS_BUDGET_MIB = 768  # the whole process: interpreter, torch, hivemind, and the largest decode
@@ -30,13 +31,11 @@ PEAK_RSS_BUDGET_MIB = 768  # the whole process: interpreter, torch, hivemind, an
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", type=int, default=100_000)
-    ap.add_argument("--seed", type=int, default=0, help="first seed")
-    ap.add_argument("--seeds", type=int, default=1, help="split the cases over this many seeds' case streams")
+    add_run_args(ap, seeds=1, quick="5,000 cases", seeds_help="split the cases over this many seeds' case streams")
     ap.add_argument("--receive-share", type=float, default=0.1, help="fraction also run through gossip_step")
     ap.add_argument("--max-bytes", type=int, default=1 << 20, help="the receiver's size bound")
-    ap.add_argument("--quick", action="store_true", help="5,000 cases")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    resolve_seeds(args)
     torch.set_num_threads(1)
     logging.disable(logging.WARNING)  # refusals are expected by the thousand; the counts are what matter
     warnings.simplefilter("ignore")  # hivemind's 8-bit encoder warns about a deprecated torch API on every call

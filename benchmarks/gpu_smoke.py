@@ -11,7 +11,7 @@
 
 The one prepared command on a GPU machine (installs the CUDA torch and the [vllm] extra, then runs all):
 
-    scripts/setup.sh dev,vllm && .venv/bin/python benchmarks/gpu_smoke.py --json OUT.json
+    scripts/setup.sh dev,vllm && .venv/bin/python -m benchmarks.gpu_smoke --json OUT.json
 
 `--only backends` runs just section 4.
 """
@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from benchmarks.args import add_run_args, resolve_seeds, write_json
 
 
 def qwen05b_shaped(dtype: torch.dtype):
@@ -96,26 +98,26 @@ def section_big(dtype_name: str, lora: bool, res: dict) -> None:
     torch.cuda.empty_cache()
 
 
-def section_tiny_node(res: dict, rounds: int) -> None:
-    from swarm_node.config import NodeConfig
+def section_tiny_node(res: dict, rounds: int, seeds: list[int]) -> None:
+    from benchmarks.nodes import heldout_score, node_config
     from swarm_node.node.grpo_node import GRPONode
 
-    cfg = NodeConfig.model_validate({"seed": 1, "model": {"path": "tiny-s"},
-                                     "task": {"prompts_per_round": 16, "eval_n": 400},
-                                     "generation": {"num_generations": 8, "max_new_tokens": 6},
-                                     "training": {"variant": "on_policy"}})
-    with tempfile.TemporaryDirectory() as d:
-        node = GRPONode(cfg, Path(d))
-        before = node.evaluate()["accuracy"]
-        t0 = time.perf_counter()
-        rows = [node.run_round() for _ in range(rounds)]
-        secs = time.perf_counter() - t0
-        after = node.evaluate()["accuracy"]
-        res["tiny_s_node_cuda"] = {"device": str(node.loaded.device), "dtype": str(node.loaded.dtype),
-                                   "rounds": rounds, "acc_before": before, "acc_after": after,
-                                   "s_per_round": round(secs / rounds, 3),
-                                   "gen_s": float(np.mean([r["gen_s"] for r in rows])),
-                                   "train_s": float(np.mean([r["train_s"] for r in rows]))}
+    runs = []
+    for seed in seeds:
+        cfg = node_config("tiny-s", seed, training={"variant": "on_policy"})
+        with tempfile.TemporaryDirectory() as d:
+            node = GRPONode(cfg, Path(d))
+            before = heldout_score(node).accuracy
+            t0 = time.perf_counter()
+            rows = [node.run_round() for _ in range(rounds)]  # (no periodic eval inside the rounds)
+            secs = time.perf_counter() - t0
+            after = heldout_score(node).accuracy
+            runs.append({"seed": seed, "device": str(node.loaded.device), "dtype": str(node.loaded.dtype),
+                         "rounds": rounds, "acc_before": before, "acc_after": after,
+                         "s_per_round": round(secs / rounds, 3),
+                         "gen_s": float(np.mean([r["gen_s"] for r in rows])),
+                         "train_s": float(np.mean([r["train_s"] for r in rows]))})
+    res["tiny_s_node_cuda"] = runs[0] if len(runs) == 1 else runs
 
 
 def section_backends(res: dict, p_n: int = 32, g: int = 8, max_new: int = 128) -> None:
@@ -186,11 +188,15 @@ def section_backends(res: dict, p_n: int = 32, g: int = 8, max_new: int = 128) -
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--rounds", type=int, default=30)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(ap, seeds=1, first_seed=1, quick="the tiny node for 5 rounds",
+                 seeds_help="tiny-s node runs (section 3), seeds from --seed on")
+    ap.add_argument("--rounds", type=int, default=30, help="rounds of the tiny-s node (5 with --quick)")
     ap.add_argument("--only", choices=["bf16", "bf16_lora", "fp32", "tiny_node", "backends"], default=None)
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
+    if args.quick:
+        args.rounds = 5
     assert torch.cuda.is_available(), "this smoke test needs a CUDA GPU"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -199,7 +205,7 @@ def main() -> None:
     for name, fn in (("bf16", lambda: section_big("bf16", False, res)),
                      ("bf16_lora", lambda: section_big("bf16", True, res)),
                      ("fp32", lambda: section_big("fp32", False, res)),
-                     ("tiny_node", lambda: section_tiny_node(res, args.rounds)),
+                     ("tiny_node", lambda: section_tiny_node(res, args.rounds, seeds)),
                      ("backends", lambda: section_backends(res))):
         if args.only and name != args.only:
             continue
@@ -208,8 +214,7 @@ def main() -> None:
         except Exception:
             res[f"error_{name}"] = traceback.format_exc()[-2000:]
         print(json.dumps(res, indent=1, default=str), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=1, default=str))
+    write_json(args.json, res, args)
 
 
 if __name__ == "__main__":

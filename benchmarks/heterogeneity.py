@@ -18,26 +18,23 @@ the gain over "alone" (does sharing help at all) and over "naive" (does the corr
 each with its paired standard error and a verdict (higher / lower / cannot tell at 2 SE), and the filtered
 share of the partner's sequences. The JSON keeps every run's per-problem hits for further pairings. Learning curves with +-1 std bands go to a PNG.
 
-    python benchmarks/heterogeneity.py --seeds 5 --json heterogeneity.json --png heterogeneity.png
-    python benchmarks/heterogeneity.py --quick --seeds 2 --json heterogeneity-quick.json
+    python -m benchmarks.heterogeneity --seeds 5 --json heterogeneity.json --png heterogeneity.png
+    python -m benchmarks.heterogeneity --quick --json heterogeneity-quick.json      # 2 seeds
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import multiprocessing
 import os
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from swarm_node.config import NodeConfig
-from swarm_node.evaluation import score_prompts
+from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from benchmarks.nodes import grpo_node, heldout_score, node_config, one_thread, run_jobs
 from swarm_node.node.grpo_node import GRPONode
 from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
 
@@ -70,22 +67,8 @@ def preset_path(m: dict, cache: dict) -> str:
 def node_for(m: dict, variant: str, seed: int, args: argparse.Namespace, workdir: Path, cache: dict) -> GRPONode:
     model = {k: v for k, v in m.items() if k != "preset_seed"} | {"path": preset_path(m, cache)}
     model.setdefault("name", model_name(m))
-    cfg = NodeConfig.model_validate({
-        "seed": seed,
-        "model": model,
-        "task": {"name": "arithmetic", "prompts_per_round": args.prompts, "eval_n": args.eval_n},
-        "generation": {"num_generations": 8, "max_new_tokens": 6},
-        "training": {"variant": variant},
-    })
-    torch.manual_seed(seed)
-    return GRPONode(cfg, workdir)
-
-
-def scored(node: GRPONode, split: str, n: int) -> tuple[float, list[bool]]:
-    """Greedy accuracy on the first n problems of a split, and the per-problem hits (for paired SEs)."""
-    hits, _ = score_prompts(node.loaded.model, node.tok, node.task, node.task.eval_prompts(split, n),
-                            node.cfg.generation.max_new_tokens, batch_size=64)
-    return (float(np.mean(hits)) if hits else 0.0), hits
+    cfg = node_config(model, seed, prompts=args.prompts, eval_n=args.eval_n, training={"variant": variant})
+    return grpo_node(cfg, workdir)
 
 
 def run_arm(pair: str, arm: str, seed: int, args: argparse.Namespace, cache: dict) -> list[dict]:
@@ -100,8 +83,8 @@ def run_arm(pair: str, arm: str, seed: int, args: argparse.Namespace, cache: dic
             if arm != "alone":
                 node.external_source = (lambda round_, o=1 - i: fresh[o].train_groups(
                     source=model_name(PAIRS[pair][o])))
-        start = [scored(n, s, args.eval_n) for n in nodes for s in ("id", "ood")]
-        curves: list[list[tuple[int, float]]] = [[(0, start[0][0])], [(0, start[2][0])]]
+        start = [heldout_score(n, s, args.eval_n) for n in nodes for s in ("id", "ood")]
+        curves: list[list[tuple[int, float]]] = [[(0, start[0].accuracy)], [(0, start[2].accuracy)]]
         filtered = [0, 0]
         external = [0, 0]
         for r in range(1, args.rounds + 1):
@@ -111,23 +94,19 @@ def run_arm(pair: str, arm: str, seed: int, args: argparse.Namespace, cache: dic
                 filtered[i] += row["filtered_external"]
                 external[i] += sum(row["external_groups_by_peer"].values()) * 8
                 if r % args.curve_every == 0 and r != args.rounds:
-                    curves[i].append((r, scored(node, "id", args.curve_n)[0]))
+                    curves[i].append((r, heldout_score(node, "id", args.curve_n).accuracy))
         out = []
         for i, node in enumerate(nodes):
-            acc_id, hits_id = scored(node, "id", args.eval_n)
-            acc_ood, hits_ood = scored(node, "ood", args.eval_n)
+            acc_id, hits_id = heldout_score(node, "id", args.eval_n)
+            acc_ood, hits_ood = heldout_score(node, "ood", args.eval_n)
             curves[i].append((args.rounds, acc_id))
             finite = all(torch.isfinite(p).all() for p in node.loaded.model.parameters())
             out.append({"pair": pair, "arm": arm, "seed": seed, "model": model_name(PAIRS[pair][i]),
-                        "start_id": start[2 * i][0], "start_ood": start[2 * i + 1][0], "end_id": acc_id,
+                        "start_id": start[2 * i].accuracy, "start_ood": start[2 * i + 1].accuracy, "end_id": acc_id,
                         "end_ood": acc_ood, "hits_id": hits_id, "hits_ood": hits_ood, "curve": curves[i],
                         "filtered_share": filtered[i] / external[i] if external[i] else None,
                         "params_finite": bool(finite)})
         return out
-
-
-def _worker_init() -> None:
-    torch.set_num_threads(1)  # tiny models: one thread per process beats contended ones
 
 
 def _run_job(job: tuple[str, str, int, argparse.Namespace, dict]) -> list[dict]:
@@ -196,9 +175,7 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke size: 10 rounds, n=200 held-out problems")
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=0, help="first seed")
+    add_run_args(ap, seeds=5, quick_seeds=2, quick="10 rounds, n=200 held-out problems, curves every 5 on 100")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--eval-n", type=int, default=400)
@@ -208,15 +185,14 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
                     help="runs in parallel, one process and one thread each (default: 2 or the core count)")
-    ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--png", type=Path, default=None)
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
     if args.quick:
         args.rounds, args.eval_n, args.curve_every, args.curve_n = 10, 200, 5, 100
     if "alone" not in args.arms:
         args.arms = ["alone", *args.arms]
-    _worker_init()
-    seeds = list(range(args.seed, args.seed + args.seeds))
+    one_thread()
     t0, results, cache = time.perf_counter(), [], {}
     for pair in args.pairs:  # build the expertise pair's other-seed preset once, before any worker needs it
         for m in PAIRS[pair]:
@@ -232,14 +208,7 @@ def main() -> None:
             f"{o['model']}: id {o['start_id']:.3f}->{o['end_id']:.3f} ood {o['start_ood']:.3f}->"
             f"{o['end_ood']:.3f}" for o in out), flush=True)
 
-    if args.workers <= 1:
-        for job in jobs:
-            report(_run_job(job))
-    else:  # spawn: a fresh interpreter per worker, no forked torch state
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(args.workers, mp_context=ctx, initializer=_worker_init) as pool:
-            for out in pool.map(_run_job, jobs):  # in job order, so the printout and JSON are deterministic
-                report(out)
+    run_jobs(_run_job, jobs, args.workers, report)  # in job order: the printout and JSON are deterministic
     table = summarise(results)
     print(f"\n{args.rounds} rounds, {args.prompts} prompts x 8 per model per round, held-out n={args.eval_n} "
           f"(id and ood), seeds {seeds}; mean +- std over seeds; gain = paired difference vs alone (+- SE)\n")
@@ -261,13 +230,10 @@ def main() -> None:
     if args.png:
         plot(results, args.png)
         print(f"curves: {args.png}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        # per-problem hits as "0101..." strings, so any two arms of a seed can be paired again from the file
-        slim = [{k: ("".join("1" if h else "0" for h in v) if k.startswith("hits_") else v) for k, v in r.items()}
-                for r in results]
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "seeds": seeds,
-                                         "table": table, "runs": slim}, indent=1))
+    # per-problem hits as "0101..." strings, so any two arms of a seed can be paired again from the file
+    slim = [{k: ("".join("1" if h else "0" for h in v) if k.startswith("hits_") else v) for k, v in r.items()}
+            for r in results]
+    write_json(args.json, {"args": public_args(args), "seeds": seeds, "table": table, "runs": slim}, args)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ ratio to `alone`, its median collect_s, the share of the slow peer's batches (pu
 that the fast node trained on, and held-out accuracy of both nodes after the budget (each node's last
 checkpoint, greedy, `--eval-n` prompts). Several seeds give paired differences with a standard error.
 
-    python benchmarks/heterogeneous_speed.py --budget-s 120 --seeds 3 --json docs/data/heterogeneous_speed.json
+    python -m benchmarks.heterogeneous_speed --budget-s 120 --seeds 3 --json docs/data/heterogeneous_speed.json
 """
 
 from __future__ import annotations
@@ -30,10 +30,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from benchmarks.nodes import heldout_score
 from swarm_node.config import load_config
 from swarm_node.node.grpo_node import GRPONode
 from swarm_node.node.metrics import read_metrics
 from swarm_node.runs.local_swarm import Peer, start_bootstrap, stop_processes, write_peer_config
+from swarm_node.runs.stats import seeds_se
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "peers"
@@ -68,7 +71,7 @@ def evaluate(peer: Peer, eval_n: int) -> float:
     cfg = load_config(peer.config)
     node = GRPONode(cfg, peer.state_dir)
     node.resume()
-    acc = node.evaluate()["accuracy"] if eval_n else float("nan")
+    acc = heldout_score(node).accuracy if eval_n else float("nan")
     node.close()
     return acc
 
@@ -143,25 +146,24 @@ def paired(rows: list[dict], a: str, b: str, key: str) -> str:
              if (a, s) in by and (b, s) in by]
     if len(diffs) < 2:
         return f"{diffs[0]:+.3f} (one seed: cannot tell)" if diffs else "-"
-    se = statistics.stdev(diffs) / len(diffs) ** 0.5
-    return f"{statistics.mean(diffs):+.3f} +- {se:.3f} (n={len(diffs)})"
+    return f"{statistics.mean(diffs):+.3f} +- {seeds_se(diffs):.3f} (n={len(diffs)})"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--budget-s", type=float, default=120.0, help="wall-clock budget per setting")
     ap.add_argument("--stopped", type=float, default=0.8, help="share of time the slow node is SIGSTOPped")
-    ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--eval-n", type=int, default=200)
     ap.add_argument("--settings", nargs="+", default=["alone", "async", "lockstep"])
-    ap.add_argument("--quick", action="store_true", help="40 s budget, 50 eval prompts, one seed")
-    ap.add_argument("--json", type=Path, default=None)
+    add_run_args(ap, seeds=1, quick="40 s budget, 50 eval prompts",
+                 seeds_help="runs of every setting (node seeds 100 + S and 200 + S)")
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
     if args.quick:
-        args.budget_s, args.eval_n, args.seeds = 40.0, 50, 1
+        args.budget_s, args.eval_n = 40.0, 50
     work = Path(tempfile.mkdtemp(prefix="hetero-"))
     rows = []
-    for seed in range(args.seeds):
+    for seed in seeds:
         for setting in args.settings:
             res = run_setting(setting, seed, args, work)
             rows.append(res)
@@ -185,10 +187,7 @@ def main() -> int:
               f"fast rounds: {paired(rows, 'async', 'lockstep', 'fast_rounds')}")
     if {"async", "alone"} <= set(args.settings):
         print(f"async - alone, fast acc: {paired(rows, 'async', 'alone', 'fast_acc')}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "results": rows},
-                                        indent=1))
+    write_json(args.json, {"args": public_args(args), "results": rows}, args)
     return 0
 
 

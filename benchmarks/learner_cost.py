@@ -6,8 +6,8 @@ generator, behaviour log-probs included), rewards are the task's. Each arm compu
 gradient over exactly those sequences; the optimizer step is left out, since it is the same for all.
 Arms are timed round-robin (so a busy machine slows them alike) and the median of --repeats is kept.
 
-    python benchmarks/learner_cost.py --seeds 3
-    python benchmarks/learner_cost.py --quick
+    python -m benchmarks.learner_cost --seeds 3
+    python -m benchmarks.learner_cost --quick
 
 TRL is not a dependency of swarm-node: install it in the benchmark's environment (`pip install trl==1.16.0`)
 or the TRL column is skipped with a note.
@@ -16,7 +16,6 @@ or the TRL column is skipped with a note.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -25,21 +24,17 @@ from pathlib import Path
 
 import torch
 
-from swarm_node.config import NodeConfig
+from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from benchmarks.nodes import grpo_node, node_config
 from swarm_node.node.grpo_node import GRPONode
 from swarm_node.runs.stats import fmt_ms, mean_std
 from swarm_node.training.grpo_step import GRPOTrainer, PreparedBatch
 
 
 def make_node(model: str, seed: int, prompts: int, g: int, max_new: int, workdir: Path) -> GRPONode:
-    cfg = NodeConfig.model_validate({
-        "seed": seed, "model": {"path": model},
-        "task": {"name": "arithmetic", "prompts_per_round": prompts},
-        "generation": {"num_generations": g, "max_new_tokens": max_new},
-        "training": {"variant": "ftis", "skip_zero_advantage_groups": False, "micro_batch_size": prompts * g},
-    })
-    torch.manual_seed(seed)
-    return GRPONode(cfg, workdir)
+    training = {"variant": "ftis", "skip_zero_advantage_groups": False, "micro_batch_size": prompts * g}
+    return grpo_node(node_config(model, seed, prompts=prompts, generations=g, max_new_tokens=max_new,
+                                 training=training), workdir)
 
 
 def floor_pass(trainer: GRPOTrainer, batch: PreparedBatch) -> None:
@@ -123,22 +118,20 @@ def measure(model: str, seed: int, args: argparse.Namespace, workdir: Path) -> d
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="5 repeats, 1 seed")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
+    add_run_args(ap, seeds=3, quick_seeds=1, quick="5 repeats")
     ap.add_argument("--model", default="tiny-s")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--g", type=int, default=8)
     ap.add_argument("--max-new", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
     if args.quick:
-        args.seeds, args.repeats = 1, 5
+        args.repeats = 5
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [measure(args.model, s, args, Path(tmp)) for s in range(args.seed, args.seed + args.seeds)]
+        runs = [measure(args.model, s, args, Path(tmp)) for s in seeds]
     arms = list(runs[0]["median_s"])
     print(f"\n{args.model}: {runs[0]['sequences']} sequences ({args.prompts} prompts x {args.g}, half from a second "
           f"batch as 'external'), {args.repeats} repeats per arm, median; mean +- std over {len(runs)} seed(s)\n")
@@ -149,9 +142,7 @@ def main() -> None:
         print(f"{a:14s} {fmt_ms(ms, '.1f'):>22s} {fmt_ms(ratio, '.2f'):>16s}")
     for note in sorted({n for r in runs for n in r["notes"]}):
         print(f"note: {note}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "runs": runs}, indent=1))
+    write_json(args.json, {"args": public_args(args), "runs": runs}, args)
 
 
 if __name__ == "__main__":

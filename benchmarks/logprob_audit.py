@@ -1,36 +1,34 @@
-"""False positives and detection of the behaviour log-prob audit (issue 11, hole 6), on real tiny models.
+"""False positives and detection of the behaviour log-prob audits, on real tiny models (threat: fabricated
+behaviour log-probs, docs/security.md "The log-prob audit, and what it costs").
 
-A tiny-s judge recomputes the log-probs of batches sampled by tiny-s itself (same model), by tiny-m (an
-honest but different model: other size and architecture, same tokenizer), and by a tiny-m attacker that
-lowers its claimed log-probs by DELTA on positive-advantage completions (what buys the F-TIS cap's 2x),
-(or on every completion), and applies node.rollouts.LogprobAudit (per batch) and SkewAudit (per peer, running
+On real tiny models, a tiny-s judge recomputes the log-probs of batches sampled by tiny-s itself (same
+model), by tiny-m (an honest but different model: other size and architecture, same tokenizer), and by a
+tiny-m attacker that lowers its claimed log-probs by DELTA on positive-advantage completions (what buys the F-TIS cap's 2x),
+(or on every completion), and applies node.defences.LogprobAudit (per batch) and SkewAudit (per peer, running
 over rounds) to each. Prints, per case: batches, rejected, the mean statistic
 (mean capped weight) and the mean threshold. Log-probs are put on the wire's 1/64 grid first.
 
-    python benchmarks/logprob_audit.py --rounds 30 [--prompts 8] [--seeds 1 2] [--json out.json]
+    python -m benchmarks.logprob_audit --rounds 30 [--prompts 8] [--seeds 2] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks.args import add_run_args, resolve_seeds, write_json
+from benchmarks.nodes import node_config
 from swarm_node.config import NodeConfig
 from swarm_node.node.grpo_node import GRPONode
 from swarm_node.training.groups import TrainGroup
 
 
 def cfg_for(model: str, seed: int, prompts: int) -> NodeConfig:
-    return NodeConfig.model_validate({
-        "seed": seed, "model": {"path": model},
-        "task": {"name": "arithmetic", "prompts_per_round": prompts, "eval_n": 16},
-        "generation": {"num_generations": 8, "max_new_tokens": 8},
-    })
+    return node_config(model, seed, prompts=prompts, eval_n=16, max_new_tokens=8)
 
 
 def on_wire(groups: list[TrainGroup], delta: float = 0.0, everywhere: bool = False) -> list[TrainGroup]:
@@ -52,16 +50,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1])
     ap.add_argument("--deltas", type=float, nargs="+", default=[0.7, 3.0])
-    ap.add_argument("--quick", action="store_true", help="5 rounds, one seed")
-    ap.add_argument("--json", default=None)
+    add_run_args(ap, seeds=1, first_seed=1, quick="5 rounds")
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
     torch.set_num_threads(1)
     rounds = 5 if args.quick else args.rounds
     cases: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in args.seeds[:1] if args.quick else args.seeds:
+        for seed in seeds:
             judge = GRPONode(cfg_for("tiny-s", seed, args.prompts), Path(tmp) / f"judge{seed}")
             other = GRPONode(cfg_for("tiny-m", seed + 100, args.prompts), Path(tmp) / f"other{seed}")
             for r in range(1, rounds + 1):
@@ -74,9 +71,9 @@ def main() -> None:
                     batches[f"attacker -{d}, every completion"] = on_wire(honest, d, everywhere=True)
                 for name, groups in batches.items():
                     lps = judge.trainer.completion_logprobs(groups)
-                    ok, stat, limit = judge.audit.judge(groups, lps)
+                    ok, stat, limit = judge.admission.audit.judge(groups, lps)
                     # each case is one peer to the per-peer skew audit (its running statistics span rounds)
-                    skew_ok, _, _ = judge.skew.judge(f"{seed}:{name}", groups, lps)
+                    skew_ok, _, _ = judge.admission.skew.judge(f"{seed}:{name}", groups, lps)
                     c = cases.setdefault(name, {"batches": 0, "rejected": 0, "skew_rejected": 0, "either": 0,
                                                 "stats": [], "limits": [], "gaps": []})
                     c["batches"] += 1
@@ -85,7 +82,7 @@ def main() -> None:
                     c["either"] += int(not (ok and skew_ok))
                     c["stats"].append(stat)
                     c["limits"].append(limit)
-                    c["gaps"].extend(judge.skew.gaps(groups, lps))
+                    c["gaps"].extend(judge.admission.skew.gaps(groups, lps))
     print(f"{'case':<32} {'batches':>8} {'mean-test':>9} {'skew-test':>9} {'either':>7} {'mean stat':>10} "
           f"{'max stat':>9} {'threshold':>10} {'gap mean':>9} {'gap sd':>7}")
     summary = {}
@@ -99,8 +96,7 @@ def main() -> None:
         print(f"{name:<32} {s['batches']:>8} {s['rejected']:>9} {s['skew_rejected']:>9} {s['either']:>7} "
               f"{s['mean_stat']:>10.3f} {s['max_stat']:>9.3f} {s['mean_threshold']:>10.3f} {s['gap_mean']:>9.3f} "
               f"{s['gap_sd']:>7.3f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=1))
+    write_json(args.json, summary, args)
 
 
 if __name__ == "__main__":

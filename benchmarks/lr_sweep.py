@@ -10,9 +10,9 @@ called better or worse only beyond two SEs, else "cannot tell".
 
 One (arm, rate) per process keeps each job short enough for a shared machine; --merge prints the table:
 
-    python benchmarks/lr_sweep.py --arms tiny-s --lrs 1e-5 --seeds 3 --json out/tiny-s-1e-5.json
-    python benchmarks/lr_sweep.py --merge out/*.json
-    python benchmarks/lr_sweep.py --quick          # 2 rates per arm, 20 rounds, n=200: a smoke run
+    python -m benchmarks.lr_sweep --arms tiny-s --lrs 1e-5 --seeds 3 --json out/tiny-s-1e-5.json
+    python -m benchmarks.lr_sweep --merge out/*.json
+    python -m benchmarks.lr_sweep --quick          # 2 rates per arm, 20 rounds, n=200: a smoke run
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.args import add_run_args, resolve_seeds, write_json
+from benchmarks.nodes import grpo_node, heldout_score, node_config
 from swarm_node.models.presets import PRESETS
 from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
 
@@ -35,6 +37,7 @@ GRID = {
 }
 QUICK_GRID = {"tiny-s": [3e-5, 1e-4], "tiny-s-lora": [3e-4, 1e-3], "tiny-m": [3e-5, 1e-4]}
 SPLITS = ("id", "ood")
+SCORE_NEW_TOKENS = 8  # the node samples 6; the sweep's committed tables scored 8, like `swarm-node eval`
 
 
 def default_of(arm: str) -> float:
@@ -45,27 +48,15 @@ def default_of(arm: str) -> float:
 def run_one(arm: str, lr: float, seed: int, rounds: int, prompts: int, eval_n: int, state_dir: Path,
             start: dict | None = None) -> dict:
     """One run; `start` caches the scores of the preset as loaded (greedy, so the same for every rate and seed)."""
-    from swarm_node.config import NodeConfig
-    from swarm_node.evaluation import score_prompts
-    from swarm_node.node.grpo_node import GRPONode
-
-    cfg = NodeConfig.model_validate({
-        "seed": seed,
-        "model": {"path": "tiny-m" if arm == "tiny-m" else "tiny-s", "lora": {"enabled": arm.endswith("lora")}},
-        "task": {"name": "arithmetic", "prompts_per_round": prompts, "eval_n": eval_n},
-        "generation": {"num_generations": 8, "max_new_tokens": 6},
-        "training": {"variant": "on_policy", "lr": lr},
-        "metrics": {"eval_every": 10**6}, "checkpoint": {"every_rounds": 10**6},
-    })
-    torch.manual_seed(seed)
-    node = GRPONode(cfg, state_dir)
+    model = {"path": "tiny-m" if arm == "tiny-m" else "tiny-s", "lora": {"enabled": arm.endswith("lora")}}
+    cfg = node_config(model, seed, prompts=prompts, eval_n=eval_n, training={"variant": "on_policy", "lr": lr})
+    node = grpo_node(cfg, state_dir)
 
     def scored() -> dict:
         out = {}
-        for split in SPLITS:
-            hits, _ = score_prompts(node.loaded.model, node.tok, node.task, node.task.eval_prompts(split, eval_n),
-                                    max_new_tokens=8, batch_size=64, encode=node.prompts.encode)
-            out[split] = {"accuracy": sum(hits) / len(hits), "hits": hits}  # as `swarm-node eval`: 8 new tokens
+        for split in SPLITS:  # scored with 8 new tokens (as `swarm-node eval`), as the committed tables were
+            score = heldout_score(node, split, eval_n, max_new_tokens=SCORE_NEW_TOKENS)
+            out[split] = {"accuracy": sum(score.hits) / len(score.hits), "hits": score.hits}
         return out
 
     if start is None or arm not in start:
@@ -144,19 +135,18 @@ def print_table(rows: list[dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="two learning rates per arm, 20 rounds, eval on 200")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds 1..n")
+    add_run_args(ap, seeds=3, first_seed=1, quick="two learning rates per arm, 20 rounds, eval on 200")
     ap.add_argument("--arms", default="tiny-s,tiny-s-lora,tiny-m")
     ap.add_argument("--lrs", default=None, help="comma-separated rates for every arm given (default: the grid)")
     ap.add_argument("--rounds", type=int, default=None, help="default: 40 (20 with --quick)")
     ap.add_argument("--prompts", type=int, default=16, help="prompts per round (the demo's 16)")
     ap.add_argument("--eval-n", type=int, default=None, help="default: 400 (200 with --quick)")
-    ap.add_argument("--json", type=Path, default=None, help="write the rows (with per-problem hits) here")
     ap.add_argument("--merge", type=Path, nargs="+", default=None, help="print the table of earlier --json files")
     args = ap.parse_args()
     if args.merge:
         print_table([r for f in args.merge for r in json.loads(f.read_text())["rows"]])
         return
+    seeds = resolve_seeds(args)
     torch.set_num_threads(1)
     rounds = args.rounds or (20 if args.quick else 40)
     eval_n = args.eval_n or (200 if args.quick else 400)
@@ -165,14 +155,13 @@ def main() -> None:
     start: dict = {}
     for arm in args.arms.split(","):
         for lr in [float(x) for x in args.lrs.split(",")] if args.lrs else grid[arm]:
-            for seed in range(1, args.seeds + 1):
+            for seed in seeds:
                 with tempfile.TemporaryDirectory() as tmp:
                     r = run_one(arm, lr, seed, rounds, args.prompts, eval_n, Path(tmp), start)
                 rows.append(r)
                 print(f"{arm} lr={lr:g} seed={seed}: id {r['before_id']:.3f} -> {r['after_id']:.3f}, ood "
                       f"{r['before_ood']:.3f} -> {r['after_ood']:.3f} ({r['seconds']} s)", flush=True)
-                if args.json:  # after every run, so a killed job keeps what it measured
-                    args.json.write_text(json.dumps({"rows": rows}))
+                write_json(args.json, {"rows": rows}, args)  # after every run: a killed job keeps what it measured
     print_table(rows)
 
 

@@ -8,21 +8,20 @@ the filter dropped, the mean external ratio, and the difference against `on_poli
 learner's own groups only: training alone), paired per problem, with its standard error and a verdict
 ("cannot tell" unless beyond 2 SE).
 
-    python benchmarks/offpolicy.py --seeds 3 --json offpolicy.json
-    python benchmarks/offpolicy.py --quick --seeds 2
+    python -m benchmarks.offpolicy --seeds 3 --json offpolicy.json
+    python -m benchmarks.offpolicy --quick                   # 2 seeds
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
-from frozen_source import paired_table, run_learner
 
+from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from benchmarks.frozen_source import paired_table, run_learner
 from swarm_node.runs.stats import fmt_ms
 from swarm_node.training.ftis import VARIANTS
 
@@ -31,24 +30,22 @@ BASE = "on_policy"  # trains on the learner's own groups only (grpo_step skips e
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke size: 4 rounds, 8 prompts, n=100, on_policy/naive/ftis")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0, help="first seed")
+    add_run_args(ap, seeds=3, quick_seeds=2, quick="4 rounds, 8 prompts, n=100, on_policy/naive/ftis")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--eval-n", type=int, default=400)
     ap.add_argument("--learner", default="tiny-s")
     ap.add_argument("--source", default="tiny-m")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
     if args.quick:
         args.rounds, args.prompts, args.eval_n, args.variants = 4, 8, 100, [BASE, "naive", "ftis"]
     if BASE not in args.variants:
         args.variants = [BASE, *args.variants]
     torch.set_num_threads(1)
     t0, runs = time.perf_counter(), []
-    for seed in range(args.seed, args.seed + args.seeds):
+    for seed in seeds:
         for v in args.variants:
             r = {"variant": v} | run_learner({"variant": v}, seed, args)
             runs.append(r)
@@ -66,10 +63,7 @@ def main() -> None:
         print(f"{e['variant']:9s} {fmt_ms(e['acc']):>16s} {fmt_ms(e['filtered_share']):>16s} "
               f"{'-' if np.isnan(ratio) else f'{ratio:.2f}':>9s} {diff:>16s}  {e['verdict']:12s} {e['params_finite']}")
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "table": table,
-                                         "runs": runs}, indent=1))
+    write_json(args.json, {"args": public_args(args), "table": table, "runs": runs}, args)
 
 
 if __name__ == "__main__":

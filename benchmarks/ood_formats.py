@@ -1,12 +1,12 @@
 """Candidate out-of-distribution arithmetic formats, scored on the presets as built (eval only).
 
 Each format turns a sha256 of "<format>:<i>" into the i-th problem (distinct texts, fixed order) and is
-scored by greedy exact match, as `swarm-node eval` does (8 new tokens). This is how the `ood` split was
-chosen (docs/tasks.md, docs/results.md): a notation the warm-up never shows on which both presets start
-between 5% and 40%.
+scored by greedy exact match, as `swarm-node eval` does (8 new tokens, prompts encoded as a node with the
+default generation settings encodes them). This is how the `ood` split was chosen (docs/tasks.md,
+docs/results.md): a notation the warm-up never shows on which both presets start between 5% and 40%.
 
-    python benchmarks/ood_formats.py --n 400
-    python benchmarks/ood_formats.py --formats plus_first,spaced --quick
+    python -m benchmarks.ood_formats --n 400
+    python -m benchmarks.ood_formats --formats plus_first,spaced --quick
 """
 
 from __future__ import annotations
@@ -17,12 +17,16 @@ from collections.abc import Callable
 
 import torch
 
+from benchmarks.args import add_run_args, resolve_seeds, write_json
+from swarm_node.config import GenerationConfig
 from swarm_node.evaluation import score_prompts
+from swarm_node.generation.prompts import PromptEncoder
 from swarm_node.models.loading import load_model
 from swarm_node.tasks.arithmetic import ArithmeticTask
 from swarm_node.tasks.base import Prompt
 
 OPS = "+-"
+SCORE_NEW_TOKENS = 8  # as `swarm-node eval` (its default generation.max_new_tokens)
 
 
 def _h(text: str) -> int:
@@ -89,25 +93,33 @@ def problems(name: str, n: int) -> list[Prompt]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=400)
-    ap.add_argument("--quick", action="store_true", help="100 problems per format")
-    ap.add_argument("--seeds", type=int, default=1, help="accepted for the benchmarks' interface: fixed builds, greedy scoring")
+    add_run_args(ap, seeds=1, quick="100 problems per format",
+                 seeds_help="accepted for the benchmarks' interface: fixed builds and greedy scoring need no seed")
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--presets", default="tiny-s,tiny-m")
     args = ap.parse_args()
+    resolve_seeds(args)
     torch.set_num_threads(1)
     n = 100 if args.quick else args.n
     task = ArithmeticTask()
     models = {p: load_model(p, device="cpu") for p in args.presets.split(",")}
+    defaults = GenerationConfig()  # encode as a node with the default chat_template / max_prompt_tokens does
+    encoders = {p: PromptEncoder(lm.tokenizer, defaults.chat_template, defaults.max_prompt_tokens).encode
+                for p, lm in models.items()}
     splits = {"ood (split)": task.eval_prompts("ood", n), "ood_formats (split)": task.eval_prompts("ood_formats", n)}
     print(f"greedy exact match, n={n} per format")
     print("| format | example | " + " | ".join(models) + " |")
     print("|---|---|" + "---|" * len(models))
+    table = []
     for name, prompts in {**splits, **{f: problems(f, n) for f in args.formats.split(",")}}.items():
-        accs = []
-        for lm in models.values():
-            hits, _ = score_prompts(lm.model, lm.tokenizer, task, prompts, 8)
-            accs.append(f"{sum(hits) / len(hits):.3f}")
-        print(f"| {name} | `{prompts[0].text}` | " + " | ".join(accs) + " |", flush=True)
+        accs = {}
+        for preset, lm in models.items():
+            hits, _ = score_prompts(lm.model, lm.tokenizer, task, prompts, SCORE_NEW_TOKENS, encode=encoders[preset])
+            accs[preset] = sum(hits) / len(hits)
+        table.append({"format": name, "example": prompts[0].text, "n": len(prompts), "accuracy": accs})
+        print(f"| {name} | `{prompts[0].text}` | " + " | ".join(f"{a:.3f}" for a in accs.values()) + " |",
+              flush=True)
+    write_json(args.json, {"table": table}, args)
 
 
 if __name__ == "__main__":

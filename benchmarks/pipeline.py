@@ -5,14 +5,13 @@ warmed-up preset, the same seed for both arms. Per seed the arms run one after t
 the order alternates with the seed so drifting machine load hits both alike). Held-out accuracy is greedy
 exact match on the same eval problems before and after, so the on-off difference is paired per problem.
 
-    python benchmarks/pipeline.py --seeds 3 --rounds 40 --json docs/data/pipeline.json
-    python benchmarks/pipeline.py --quick
+    python -m benchmarks.pipeline --seeds 3 --rounds 40 --json docs/data/pipeline.json
+    python -m benchmarks.pipeline --quick
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -21,38 +20,33 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from swarm_node.config import NodeConfig
-from swarm_node.evaluation import score_prompts
+from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from benchmarks.nodes import grpo_node, heldout_score, node_config
 from swarm_node.node.grpo_node import GRPONode
 from swarm_node.runs.stats import combined_se, fmt_ms, mean_std, paired_se, verdict
 
 
 def make_node(model: str, seed: int, pipeline: bool, rounds: int, args, workdir: Path) -> GRPONode:
-    cfg = NodeConfig.model_validate({
-        "seed": seed, "rounds": rounds, "pipeline": pipeline, "model": {"path": model},
-        "task": {"name": "arithmetic", "prompts_per_round": args.prompts, "eval_n": args.eval_n},
-        "generation": {"num_generations": args.g, "max_new_tokens": 6},
-        "metrics": {"eval_every": 10**6},
-    })
-    torch.manual_seed(seed)
-    return GRPONode(cfg, workdir)
+    cfg = node_config(model, seed, prompts=args.prompts, eval_n=args.eval_n, generations=args.g,
+                      rounds=rounds, pipeline=pipeline)
+    return grpo_node(cfg, workdir)
 
 
-def hits(node: GRPONode, n: int) -> list[bool]:
-    prompts = node.task.eval_prompts(node.cfg.task.eval_split, n)
-    got, _ = score_prompts(node.loaded.model, node.tok, node.task, prompts, 6, 256, node.prompts.encode)
-    return [bool(h) for h in got]
+def hits(node: GRPONode) -> list[bool]:
+    """Per held-out problem, scored as the node's own evaluation scores it. (The committed table scored in
+    batches of 256, not the node's 64; greedy hits are identical either way on the presets.)"""
+    return heldout_score(node).hits
 
 
 def run_arm(model: str, seed: int, pipeline: bool, args, workdir: Path) -> dict:
     node = make_node(model, seed, pipeline, args.rounds, args, workdir)
-    before = hits(node, args.eval_n)
+    before = hits(node)
     rows = [node.run_round()]  # round 1 is not timed: first-call overheads, and nothing is in flight yet
     t0 = time.perf_counter()
     rows += [node.run_round() for _ in range(args.rounds - 1)]
     wall = time.perf_counter() - t0
     node.close()
-    after = hits(node, args.eval_n)
+    after = hits(node)
     return {"pipeline": pipeline, "seed": seed, "s_per_round": wall / max(1, args.rounds - 1),
             "gen_s": statistics.median(r["gen_s"] for r in rows[1:] or rows),
             "gen_wait_s": statistics.median(r["gen_wait_s"] for r in rows[1:] or rows),
@@ -64,22 +58,21 @@ def run_arm(model: str, seed: int, pipeline: bool, args, workdir: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny-s")
-    ap.add_argument("--seeds", type=int, default=3)
+    add_run_args(ap, seeds=3, quick_seeds=1, first_seed=1, quick="8 rounds, 100 eval problems")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--g", type=int, default=8)
     ap.add_argument("--eval-n", type=int, default=400)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--quick", action="store_true", help="1 seed, 8 rounds, 100 eval problems")
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
     if args.quick:
-        args.seeds, args.rounds, args.eval_n = 1, 8, 100
+        args.rounds, args.eval_n = 8, 100
     if args.threads:
         torch.set_num_threads(args.threads)
     out = []
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
-        for seed in range(1, args.seeds + 1):
+        for seed in seeds:
             order = [False, True] if seed % 2 else [True, False]
             res = {p: run_arm(args.model, seed, p, args, Path(tmp) / f"s{seed}-{int(p)}") for p in order}
             off, on = res[False], res[True]
@@ -104,14 +97,11 @@ def main() -> int:
               f"{fmt_ms(mean_std([r['acc_after'] for r in rs]))} |")
     print(f"\nround time off / on: {fmt_ms(mean_std([o['speedup'] for o in out]), '.2f')} x; "
           f"end accuracy on - off: {mean_diff:+.3f} +- {se:.3f} (paired SE): {verdict(mean_diff, se)}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        for o in out:
-            for key in ("off", "on"):
-                o[key].pop("hits_after")
-        args.json.write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "json"},
-                                         "seeds": out, "acc_diff": mean_diff, "acc_diff_se": se,
-                                         "verdict": verdict(mean_diff, se)}, indent=1, default=str))
+    for o in out:
+        for key in ("off", "on"):
+            o[key].pop("hits_after")
+    write_json(args.json, {"args": public_args(args, drop=("json",)), "seeds": out, "acc_diff": mean_diff,
+                           "acc_diff_se": se, "verdict": verdict(mean_diff, se)}, args)
     return 0
 
 

@@ -5,7 +5,7 @@ while a busy-loop process spins on core 0, and prints the build time ratio and w
 sha256 are equal. `--threads 1,2` also builds with 2 torch threads (the old recipe) to show what OpenMP
 threads spinning against a busy core cost.
 
-    python benchmarks/preset_build.py --preset tiny-s --quick
+    python -m benchmarks.preset_build --preset tiny-s --quick
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.args import add_run_args, resolve_seeds, write_json
 
 BUILD = """
 import json, sys, time, torch
@@ -43,16 +45,16 @@ def build(preset: str, threads: int, seed: int, steps: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="tiny-s")
-    ap.add_argument("--quick", action="store_true", help="100 warm-up steps instead of the full schedule")
+    add_run_args(ap, seeds=1, quick="100 warm-up steps instead of the full schedule",
+                 seeds_help="builds per arm (the warm-up seed of each)")
     ap.add_argument("--steps", type=int, default=0, help="stop the warm-up after this many steps (0: the full schedule)")
-    ap.add_argument("--seeds", type=int, default=1, help="builds per arm (seeds 0..n-1)")
     ap.add_argument("--threads", default="1", help="comma-separated torch thread counts to compare")
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
     steps = 100 if args.quick else args.steps
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
-        for seed in range(args.seeds):
+        for seed in seeds:
             load_idle = os.getloadavg()[0]
             idle = build(args.preset, threads, seed, steps)
             spin = subprocess.Popen([sys.executable, "-c", SPIN])
@@ -74,8 +76,7 @@ def main() -> None:
                   flush=True)
     print(f"cores: {os.cpu_count()}, load average at the end: {os.getloadavg()[0]:.1f} "
           "(a loaded machine makes every time noisy; compare ratios within one run)")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    write_json(args.json, {"rows": rows}, args)
 
 
 if __name__ == "__main__":

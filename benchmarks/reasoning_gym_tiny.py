@@ -4,19 +4,21 @@ For each candidate dataset (with a small config that fits a character model's co
 GRPO round loop alone on tiny-s for --rounds rounds per seed and prints the start and end greedy
 accuracy on the held-out problems, the mean gain and its standard error over seeds.
 
-    python benchmarks/reasoning_gym_tiny.py --quick --seeds 2
+    python -m benchmarks.reasoning_gym_tiny --quick --seeds 2
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from benchmarks.nodes import grpo_node, heldout_score, node_config
 
 # name -> (dataset, generator config, prompt template or None for the full question)
 CANDIDATES = {
@@ -32,54 +34,42 @@ CANDIDATES = {
 
 
 def run(candidate: str, model: str, seed: int, rounds: int, prompts: int, eval_n: int, lr: float | None):
-    from swarm_node.config import NodeConfig
-    from swarm_node.node.grpo_node import GRPONode
-
     dataset, config, template = CANDIDATES[candidate]
     spec = {"config": config, **({"template": template} if template else {})}
-    cfg = NodeConfig.model_validate({
-        "seed": seed, "model": {"path": model},
-        "task": {"name": "reasoning_gym", "datasets": {dataset: spec}, "prompts_per_round": prompts,
-                 "eval_n": eval_n},
-        "generation": {"num_generations": 8, "max_new_tokens": 8},
-        "training": {"variant": "on_policy", **({"lr": lr} if lr else {})},
-        "metrics": {"eval_every": 10**6}, "checkpoint": {"every_rounds": 10**6},
-    })
-    torch.manual_seed(seed)
+    cfg = node_config(model, seed, prompts=prompts, eval_n=eval_n, max_new_tokens=8,
+                      task={"name": "reasoning_gym", "datasets": {dataset: spec}},
+                      training={"variant": "on_policy", **({"lr": lr} if lr else {})})
     with tempfile.TemporaryDirectory() as tmp:
-        node = GRPONode(cfg, Path(tmp))
-        before = node.evaluate()["accuracy"]
+        node = grpo_node(cfg, Path(tmp))
+        before = heldout_score(node).accuracy
         rewards = [node.run_round()["reward_mean"] for _ in range(rounds)]
-        after = node.evaluate()["accuracy"]
+        after = heldout_score(node).accuracy
     return before, after, float(np.mean(rewards[: max(1, rounds // 4)])), float(np.mean(rewards[-max(1, rounds // 4):]))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="20 rounds, eval on 100")
-    ap.add_argument("--seeds", type=int, default=2)
+    add_run_args(ap, seeds=2, first_seed=1, quick="20 rounds, eval on 100")
     ap.add_argument("--model", default="tiny-s")
     ap.add_argument("--datasets", default=",".join(CANDIDATES))
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--lr", type=float, default=None, help="default: the preset's")
-    ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
     torch.set_num_threads(1)
     rounds = args.rounds or (20 if args.quick else 60)
     eval_n = 100 if args.quick else 200
     out = {}
     for name in args.datasets.split(","):
-        rows = [run(name, args.model, s + 1, rounds, args.prompts, eval_n, args.lr)
-                for s in range(args.seeds)]
+        rows = [run(name, args.model, s, rounds, args.prompts, eval_n, args.lr) for s in seeds]
         gains = np.array([a - b for b, a, _, _ in rows])
         se = float(gains.std(ddof=1) / math.sqrt(len(gains))) if len(gains) > 1 else float("nan")
         out[name] = {"spec": CANDIDATES[name], "runs": rows, "mean_gain": float(gains.mean()), "se": se}
         print(f"{name} {CANDIDATES[name]}: " + ", ".join(f"{b:.3f}->{a:.3f} (reward {r0:.3f}->{r1:.3f})"
                                                                   for b, a, r0, r1 in rows)
               + f"; mean gain {gains.mean():+.3f} +- {se:.3f}", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
+    write_json(args.json, {"args": public_args(args), "datasets": out}, args)
 
 
 if __name__ == "__main__":

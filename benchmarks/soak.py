@@ -9,16 +9,14 @@ samples the RSS of the node's process tree (node + DHT child + p2pd) as each met
 RSS per round to a PNG, and prints start / end / max RSS and the slope per 100 rounds (least squares
 after a warm-up), plus the refusals the node counted.
 
-    python benchmarks/soak.py --rounds 200 --json soak.json --png soak.png
-    python benchmarks/soak.py --quick
+    python -m benchmarks.soak --rounds 200 --json soak.json --png soak.png
+    python -m benchmarks.soak --quick
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -27,10 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.node.metrics import read_metrics
 from swarm_node.runs.local_swarm import Peer, start_bootstrap, stop_process, write_peer_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # peers/ (its bombs come from the test tooling, tests/tooling/)
 ATTACKS = ("junk", "zstd_bomb", "msgpack_bomb", "empty_planes", "oversized", "future_round", "replay")
 
 
@@ -80,9 +79,9 @@ class Attacker:
 
         from swarm_node.config import SwarmConfig
         from swarm_node.models.loading import tokenizer_fingerprint
-        from swarm_node.protocol import fuzz as pf
         from swarm_node.swarm import PeerInfo, SwarmNode
         from swarm_node.tasks.arithmetic import ArithmeticTask
+        from tests.tooling import batch_fuzz as pf
 
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.task = ArithmeticTask()
@@ -90,7 +89,7 @@ class Attacker:
         cfg = SwarmConfig(enabled=True, swarm_id=swarm_id, initial_peers=[maddr], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                           heartbeat_s=1.0, record_ttl_s=8.0, max_batch_bytes=2 * oversized)
         self.node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="hostile", tokenizer_fp=self.fp,
-                                            task_id=self.task.task_id)).start()
+                                            task_id=self.task.task_id), validate=None).start()
         self.swarm_id = swarm_id
         self.oversized = oversized
         self.zstd_bomb = pf.zeros_bomb(64 << 20)
@@ -158,17 +157,31 @@ def slope_per_100(rounds: list[int], rss: list[float]) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=200)
-    ap.add_argument("--quick", action="store_true", help="40 rounds")
-    ap.add_argument("--seed", type=int, default=1)
+    add_run_args(ap, seeds=1, first_seed=1, quick="40 rounds", seeds_help="soaks one after another (the node's seed)")
     ap.add_argument("--attack-rate", type=float, default=5.0, help="bad batches announced per second")
     ap.add_argument("--warmup", type=int, default=None, help="rounds left out of the slope (default: 10%%, >= 10)")
     ap.add_argument("--out", default=None, help="work dir (default: a temp dir)")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--png", default=None, help="RSS-per-round plot (default: OUT/soak.png)")
+    ap.add_argument("--png", default=None, help="RSS-per-round plot (default: OUT/soak.png; soak-seedS.png for several)")
     args = ap.parse_args()
+    seeds = resolve_seeds(args)
     rounds = 40 if args.quick else args.rounds
     warm = args.warmup if args.warmup is not None else max(10, rounds // 10)
     out = Path(args.out or tempfile.mkdtemp(prefix="swarm-node-soak-"))
+    out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for seed in seeds:
+        work = out if len(seeds) == 1 else out / f"seed{seed}"
+        res = soak(seed, rounds, warm, args.attack_rate, work)
+        png = Path(args.png) if args.png and len(seeds) == 1 else out / (
+            "soak.png" if len(seeds) == 1 else f"soak-seed{seed}.png")
+        show(res, png)
+        results.append(res)
+    write_json(args.json, {"results": results}, args)
+    return 0 if all(r["exit_code"] == 0 for r in results) else 1
+
+
+def soak(seed: int, rounds: int, warm: int, attack_rate: float, out: Path) -> dict:
+    """One honest node for `rounds` rounds beside the hostile peer; its RSS samples and refusals."""
     out.mkdir(parents=True, exist_ok=True)
     from swarm_node.models.factory import ensure_preset
 
@@ -176,12 +189,12 @@ def main() -> int:
     swarm_id = "soak"
     max_bytes = 4 << 20
     boot = start_bootstrap(out / "bootstrap", swarm_id)
-    ov = {"rounds": rounds, "seed": args.seed, "task.prompts_per_round": 4, "generation.num_generations": 4,
+    overrides = {"rounds": rounds, "seed": seed, "task.prompts_per_round": 4, "generation.num_generations": 4,
           "task.eval_n": 20,
           "metrics.eval_every": 1000, "checkpoint.every_rounds": 50, "swarm.swarm_id": swarm_id,
           "swarm.host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "swarm.heartbeat_s": 1.0, "swarm.record_ttl_s": 8.0,
           "swarm.collect_deadline_s": 5.0, "swarm.bootstrap_timeout_s": 20.0, "swarm.max_batch_bytes": max_bytes}
-    peer = Peer(name="honest", config=write_peer_config(ROOT / "peers" / "tiny-s.yaml", out / "honest.yaml", ov),
+    peer = Peer(name="honest", config=write_peer_config(ROOT / "peers" / "tiny-s.yaml", out / "honest.yaml", overrides),
                 state_dir=out / "honest")
     attacker = None
     samples: list[tuple[int, float, float, float]] = []  # (round, node RSS, tree RSS, time)
@@ -194,7 +207,7 @@ def main() -> int:
         while peer.running():
             if time.monotonic() >= next_attack:
                 attacker.step()
-                next_attack = time.monotonic() + 1.0 / args.attack_rate
+                next_attack = time.monotonic() + 1.0 / attack_rate
             rows = read_metrics(peer.metrics, warn=False)
             if rows and rows[-1]["round"] > seen:
                 seen = rows[-1]["round"]
@@ -215,9 +228,8 @@ def main() -> int:
     for r in rows[1:]:
         rejected.update(r.get("rejected") or {})
     body = [s for s in samples if s[0] >= warm]
-    res = {"rounds": rounds, "seed": args.seed, "exit_code": code, "warmup": warm, "seconds": round(time.time() - t0, 1),
-           "machine": platform.platform(), "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "attack_rate_per_s": args.attack_rate, "attacks_sent": dict(attacker.sent) if attacker else {}, "rejected": dict(rejected.most_common()),
+    res = {"rounds": rounds, "seed": seed, "exit_code": code, "warmup": warm, "seconds": round(time.time() - t0, 1),
+           "attack_rate_per_s": attack_rate, "attacks_sent": dict(attacker.sent) if attacker else {}, "rejected": dict(rejected.most_common()),
            "external_groups_trained": sum(r.get("external_groups", 0) for r in rows[1:]),
            "samples": [{"round": r, "node_mib": round(a, 1), "tree_mib": round(b, 1), "t": round(t, 1)}
                        for r, a, b, t in samples]}
@@ -227,8 +239,15 @@ def main() -> int:
             res[key] = {"start_mib": round(float(np.median(vals[:10])), 1), "end_mib": round(float(np.median(vals[-10:])), 1),
                         "max_mib": round(max(vals), 1),
                         "slope_mib_per_100_rounds": round(slope_per_100([s[0] for s in body], vals), 2)}
-    print(f"\nhonest node: {len(rows) - 1} rounds in {res['seconds']:.0f}s, exit code {code}; "
-          f"attacks sent {res['attacks_sent']}")
+    res["node_rounds"] = len(rows) - 1
+    return res
+
+
+def show(res: dict, png: Path) -> None:
+    """Print one soak's summary and plot its RSS per round to `png`."""
+    warm, rounds = res["warmup"], res["rounds"]
+    print(f"\nhonest node (seed {res['seed']}): {res['node_rounds']} rounds in {res['seconds']:.0f}s, exit code "
+          f"{res['exit_code']}; attacks sent {res['attacks_sent']}")
     print(f"refusals counted: {res['rejected']}; external groups trained on: {res['external_groups_trained']}")
     print(f"\n{'RSS (MiB)':<28} {'start':>7} {'end':>7} {'max':>7} {'slope /100 rounds':>18}   (rounds {warm}..{rounds})")
     for key, label in (("node", "node process"), ("tree", "node + DHT child + p2pd")):
@@ -236,15 +255,15 @@ def main() -> int:
             s = res[key]
             print(f"{label:<28} {s['start_mib']:>7.1f} {s['end_mib']:>7.1f} {s['max_mib']:>7.1f} "
                   f"{s['slope_mib_per_100_rounds']:>18.2f}")
-    png = Path(args.png) if args.png else out / "soak.png"
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    samples = res["samples"]
     fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot([s[0] for s in samples], [s[2] for s in samples], label="node + DHT child + p2pd")
-    ax.plot([s[0] for s in samples], [s[1] for s in samples], label="node process")
+    ax.plot([s["round"] for s in samples], [s["tree_mib"] for s in samples], label="node + DHT child + p2pd")
+    ax.plot([s["round"] for s in samples], [s["node_mib"] for s in samples], label="node process")
     ax.axvline(warm, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("round")
     ax.set_ylabel("RSS (MiB)")
@@ -254,9 +273,6 @@ def main() -> int:
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     print(f"plot: {png}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=1))
-    return 0 if code == 0 else 1
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ reports, per node per round:
 
 Ratios against the smallest size are printed from the same run. `--quick` runs 4 and 8 peers briefly.
 
-    python benchmarks/swarm_scale.py --nodes 4 8 16 32 --json docs/data/swarm_scale.json
+    python -m benchmarks.swarm_scale --nodes 4 8 16 32 --json docs/data/swarm_scale.json
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -33,15 +34,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+
 WORKER = r"""
 import json, os, sys, time
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode
+from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
 boot, out, go, round_s, nbytes, k, fanout, idx = sys.argv[1:9]
 round_s, nbytes, k, fanout = float(round_s), int(nbytes), int(k), int(fanout)
 cfg = SwarmConfig(enabled=True, swarm_id="scale", initial_peers=[boot], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                   max_peers_per_round=k, push_fanout=fanout, bootstrap_retries=10, bootstrap_timeout_s=60)
-node = SwarmNode(cfg, PeerInfo("grpo", f"synthetic-{idx}", "tok", "synthetic")).start()
+node = SwarmNode(cfg, PeerInfo("grpo", f"synthetic-{idx}", "tok", "synthetic"), validate=keep_raw).start()
 with open(out + ".ready", "w") as f:
     f.write(node.peer_id)
 rows, r, window = [], 0, None
@@ -152,16 +155,16 @@ def main() -> int:
     ap.add_argument("--measure-s", type=float, default=60.0)
     ap.add_argument("--join-s-per-node", type=float, default=1.0, help="stagger between peer starts")
     ap.add_argument("--join-timeout-s", type=float, default=300.0, help="give up waiting for peers to join")
-    ap.add_argument("--quick", action="store_true", help="4 and 8 peers, short windows")
     ap.add_argument("--no-netns", dest="netns", action="store_false", help="do not isolate loopback")
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--seeds", type=int, default=1, help="(no randomness beyond peer sampling; kept for symmetry)")
+    add_run_args(ap, seeds=1, quick="4 and 8 peers, short windows",
+                 seeds_help="accepted for the benchmarks' interface: no randomness beyond the peers' own sampling")
     args = ap.parse_args()
+    resolve_seeds(args)
     if args.quick:
         args.nodes, args.warmup_s, args.measure_s = [4, 8], 10.0, 25.0
     if args.netns and os.environ.get("SWARM_SCALE_IN_NETNS") != "1":
         if shutil.which("unshare") and subprocess.run(["unshare", "-rn", "true"]).returncode == 0:
-            cmd = "ip link set lo up && exec " + " ".join(map(repr, [sys.executable, *sys.argv]))
+            cmd = "ip link set lo up && exec " + shlex.join([sys.executable, "-m", "benchmarks.swarm_scale", *sys.argv[1:]])
             return subprocess.run(["unshare", "-rn", "sh", "-c", cmd],
                                   env={**os.environ, "SWARM_SCALE_IN_NETNS": "1"}).returncode
         print("no user+network namespace available: control bytes are the nodes' own counters", file=sys.stderr)
@@ -187,10 +190,7 @@ def main() -> int:
         print(f"| {r['n']} | {r['control_bytes_per_node_round']:,.0f} | {ratio:.2f} | "
               f"{r['control_app_bytes_per_node_round']:,.0f} | {r['payload_bytes_per_node_round']:,.0f} | "
               f"{r['batches_per_round']:.2f} | {lat} | {r['round_s']:.2f} |")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "json"},
-                                         "netns": args.netns, "results": results}, indent=1, default=str))
+    write_json(args.json, {"args": public_args(args, drop=("json",)), "netns": args.netns, "results": results}, args)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

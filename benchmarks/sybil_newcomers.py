@@ -1,4 +1,4 @@
-"""What the newcomer gate (node.rollouts.NewcomerGate) buys against Sybils, and what it costs honest newcomers.
+"""What the newcomer gate (node.defences.NewcomerGate) buys against Sybils, and what it costs honest newcomers.
 
 A pure simulation of one receiving node's round choice: the real Intake (swarm/intake.py) and the real
 gate, driven round by round with the node's own order (take K ranked offers; admit; every batch here
@@ -10,19 +10,18 @@ passes its checks, so the only thing an attacker spends is identities). Scenario
 - late newcomer: an honest peer first heard in round 8 behind N queued newcomers (Sybils), with the flood
   going on: rounds until it is first used, and until it is established.
 
-    python benchmarks/sybil_newcomers.py [--k 4] [--sybils 40] [--seeds 3] [--json F]
+    python -m benchmarks.sybil_newcomers [--k 4] [--sybils 40] [--seeds 3] [--json F]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
-from pathlib import Path
 
 import numpy as np
 
-from swarm_node.node.rollouts import NewcomerGate
+from benchmarks.args import add_run_args, resolve_seeds, write_json
+from swarm_node.node.defences import NewcomerGate
 from swarm_node.swarm.intake import Freshness, Intake, Offer
 
 
@@ -63,11 +62,9 @@ def main() -> None:
     ap.add_argument("--sybils", type=int, default=40)
     ap.add_argument("--queued", type=int, nargs="+", default=[0, 10, 40])
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--json", default=None)
+    add_run_args(ap, seeds=3, quick_seeds=1, quick="one seed", seeds_help="simulations per scenario (the gate's and intake's seeds)")
     args = ap.parse_args()
-    seeds = range(1 if args.quick else args.seeds)
+    seeds = resolve_seeds(args)
     k = args.k
 
     def gate(seed=0):
@@ -142,8 +139,7 @@ def main() -> None:
         print(f"  N={n:<4} first used after {late[n]['first_used']:.1f} rounds, established after "
               f"{late[n]['established']:.1f}")
     out["late_newcomer"] = late
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    write_json(args.json, out, args)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ transfer's framing (request, status byte, length and digest per download), contr
 are not counted; benchmarks/swarm_scale.py measures those on the loopback), each also per own
 completion token.
 
-    python benchmarks/wire.py [--quick] [--seeds N] [--json PATH] [--no-swarm]
-    python benchmarks/wire.py --train-dict      # rewrite swarm_node/protocol/zdict.py (a new wire major)
+    python -m benchmarks.wire [--quick] [--seeds N] [--json PATH] [--no-swarm]
+    python -m benchmarks.wire --train-dict      # rewrite swarm_node/protocol/zdict.py (a new wire major)
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.protocol import MAJOR, MINOR, RolloutBatch, decode_batch, encode_batch
 from swarm_node.protocol.codec import LOGPROB_SCALE_BITS, batch_to_body, pack_body
 from swarm_node.protocol.columns import quantize_logprobs
-from swarm_node.runs.batches import preset_batches, remap_vocab, sample_tiny_batch, zipf_batch
 from swarm_node.runs.stats import mean_std
+from tests.tooling.batches import preset_batches, remap_vocab, sample_tiny_batch, zipf_batch  # test tooling
 
 PRESETS = ("tiny-s", "tiny-m")
 FIRST_SEED = 100  # away from the dictionary corpus (11-13) and the test fixture (7)
@@ -167,7 +168,7 @@ def swarm_traffic(batches: list[RolloutBatch], n_nodes: int, rounds: int, warmup
                   k: int) -> dict:
     """N real SwarmNodes on 127.0.0.1 exchange the preset batches; per node-round byte counts."""
     from swarm_node.config import SwarmConfig
-    from swarm_node.swarm import PeerInfo, SwarmNode
+    from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
 
     first = batches[0]
     info = PeerInfo("grpo", first.model_name, first.tokenizer_fp, first.task_id)
@@ -176,10 +177,10 @@ def swarm_traffic(batches: list[RolloutBatch], n_nodes: int, rounds: int, warmup
         return SwarmConfig(enabled=True, swarm_id="wire-bench", initial_peers=peers, max_peers_per_round=k,
                            host_maddrs=["/ip4/127.0.0.1/tcp/0"], bootstrap_retries=5, bootstrap_timeout_s=60)
 
-    nodes = [SwarmNode(cfg([]), info).start()]
+    nodes = [SwarmNode(cfg([]), info, validate=keep_raw).start()]  # bytes are measured, not decoded
     try:
         for _ in range(n_nodes - 1):
-            nodes.append(SwarmNode(cfg(nodes[0].visible_maddrs()), info).start())
+            nodes.append(SwarmNode(cfg(nodes[0].visible_maddrs()), info, validate=keep_raw).start())
         rows = []
         for r in range(1, warmup + rounds + 1):
             before = [n.stats() for n in nodes]
@@ -239,9 +240,8 @@ def train_dictionary(out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
-    ap.add_argument("--quick", action="store_true", help="1 seed, shorter timing loops, no stand-in batches, 4 rounds")
-    ap.add_argument("--seeds", type=int, default=3, help="preset batches per preset (seeds 100..)")
+    add_run_args(ap, seeds=3, quick_seeds=1, first_seed=FIRST_SEED, seeds_help="preset batches per preset",
+                 quick="shorter timing loops, no stand-in batches, 4 rounds")
     ap.add_argument("--no-swarm", action="store_true", help="payload only (no DHT, no p2pd)")
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=10, help="measured rounds, after 3 warm-up rounds")
@@ -252,10 +252,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.train_dict:
         train_dictionary(Path(__file__).resolve().parents[1] / "swarm_node" / "protocol" / "zdict.py")
         return {}
+    seeds = resolve_seeds(args)
     if args.quick:
-        args.seeds, args.rounds = 1, 4
+        args.rounds = 4
     min_s = 0.01 if args.quick else 0.05
-    preset = {f"{p} seed {s}": preset_batches(p, s)[0] for p in PRESETS for s in range(FIRST_SEED, FIRST_SEED + args.seeds)}
+    preset = {f"{p} seed {s}": preset_batches(p, s)[0] for p in PRESETS for s in seeds}
     batches = dict(preset)
     if not args.quick:
         flat, peaked = sample_tiny_batch(max_new=64), sample_tiny_batch(max_new=64, logit_scale=8.0)
@@ -285,9 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
         for part, (m, s) in traffic["per_node_round"].items():
             print(f"{part:14} {m:>13.0f} +- {s:<6.0f} {m / tok:12.3f} {m / total if total else 0:7.1%}")
         out["traffic"] = traffic
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1))
+    write_json(args.json, out, args)
     return out
 
 

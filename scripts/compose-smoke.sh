@@ -14,19 +14,26 @@
 #            installs torch from PyTorch's CPU index; and the CA bundle the host's pip uses (PIP_CERT or
 #            pip's global.cert), so pip in the build trusts the same HTTPS proxy
 #   build    docker build of the project image ($SMOKE_IMAGE); the presets are built inside it
-#   grpo     bootstrap + tiny-s, tiny-m, tiny-s-lora for $SMOKE_ROUNDS rounds; `swarm-node status` from a
-#            separate container must list all three; then each peer's metrics.jsonl, read from its volume,
-#            must show every round and groups trained from both other peers
-#   dpo      the `dpo` profile (ring of four) for $SMOKE_DPO_ROUNDS rounds; status must list all four; each
-#            node's metrics must show four peers and both ring neighbours mixed in
+#   grpo     bootstrap + tiny-s, tiny-m, tiny-s-lora, which run until stopped (compose.yaml's default);
+#            the compose file's `status` service (`compose run --rm status`, a separate container) must
+#            list all three live at once; then, read from each running peer, metrics.jsonl must show
+#            rounds 0..$SMOKE_ROUNDS (or more) and groups trained from both other peers, each a peer that
+#            status listed; then `compose stop`: each peer finishes its round and exits 0, never restarted
+#   dpo      the `dpo` profile (ring of four), the same way: status must list all four live at once; each
+#            node must run $SMOKE_DPO_ROUNDS rounds (or more), and in at least half of those, average with
+#            both ring neighbours among four peers; then each stops cleanly
+#            Nothing here races a fixed round count: how fast the machine is changes only how long it takes.
 #   teardown compose down -v (containers, network, volumes), the project image, the wheel copy, dockerd
 #            if this script started it. The base image is kept as a cache (SMOKE_KEEP_BASE=0 removes it
 #            too when this script made or pulled it).
 #
-# Knobs: BASE_IMAGE, TORCH_WHEEL, SMOKE_ROUNDS (6), SMOKE_DPO_ROUNDS (8), SMOKE_EVAL_N (100),
-# SMOKE_PROJECT (swarm-node-smoke), SMOKE_IMAGE (swarm-node:smoke), SMOKE_KEEP_BASE (1), SMOKE_KEEP_IMAGE (0;
-# 1 keeps the project image and reuses it on the next run, for debugging), SMOKE_TIMEOUT_S (900
-# per phase), SMOKE_WORK (a temp dir: dockerd log, metrics copies, compose logs on failure), DEBIAN_MIRROR.
+# Knobs: BASE_IMAGE, TORCH_WHEEL, SMOKE_ROUNDS (6: GRPO rounds each peer trains before it is stopped),
+# SMOKE_DPO_ROUNDS (8), SMOKE_EVAL_N (100), SMOKE_PROJECT (swarm-node-smoke), SMOKE_IMAGE (swarm-node:smoke),
+# SMOKE_KEEP_BASE (1), SMOKE_KEEP_IMAGE (0; 1 keeps the project image and reuses it on the next run, for
+# debugging), SMOKE_TIMEOUT_S (1800: the most each wait may take), SMOKE_STOP_TIMEOUT_S (300: for a node to
+# finish its round on `compose stop`), SMOKE_BUSY (0; 1 runs a busy loop pinned to each core, at the
+# engine's niceness, from the grpo phase on: the loaded-machine check), SMOKE_WORK (a temp dir: dockerd log,
+# status and metrics copies, compose logs on failure), DEBIAN_MIRROR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -38,7 +45,9 @@ DPO_ROUNDS=${SMOKE_DPO_ROUNDS:-8}
 EVAL_N=${SMOKE_EVAL_N:-100}
 KEEP_BASE=${SMOKE_KEEP_BASE:-1}
 KEEP_IMAGE=${SMOKE_KEEP_IMAGE:-0}
-TIMEOUT_S=${SMOKE_TIMEOUT_S:-900}
+TIMEOUT_S=${SMOKE_TIMEOUT_S:-1800}
+STOP_TIMEOUT_S=${SMOKE_STOP_TIMEOUT_S:-300}
+BUSY=${SMOKE_BUSY:-0}
 CACHED_BASE=local/debian:bookworm-minbase
 WHEEL_DIR=.cache/torch-wheels
 CA_BUNDLE=.cache/pip-ca.pem
@@ -51,23 +60,49 @@ log() { printf '[smoke %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 die() { log "FAILED: $*"; exit 1; }
 
 PHASES=()
-phase_start() { PHASE=$1; PHASE_T0=$(date +%s.%N); log "== phase $PHASE"; }
+load1() { cut -d ' ' -f 1 /proc/loadavg; }  # the 1-minute load average, printed with each phase's time
+phase_start() { PHASE=$1; PHASE_T0=$(date +%s.%N); PHASE_LOAD0=$(load1); log "== phase $PHASE (load average $(cut -d ' ' -f 1-3 /proc/loadavg))"; }
 phase_end() {
   local dt
   dt=$(awk -v a="$PHASE_T0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
-  PHASES+=("$PHASE ${dt}s")
-  log "== phase $PHASE done in ${dt}s"
+  PHASES+=("$PHASE ${dt}s (load $PHASE_LOAD0->$(load1))")
+  log "== phase $PHASE done in ${dt}s (load average $(cut -d ' ' -f 1-3 /proc/loadavg))"
 }
 
 # ---- cleanup (always runs) ---------------------------------------------------------------------------
+# A dockerd leaves its iptables chains and rules, the docker0 bridge, and the FORWARD policy DROP behind when
+# it stops: on a machine where other jobs forward traffic (network namespaces, veth pairs), that DROP cuts
+# them off. After stopping the dockerd it started, the script removes what that dockerd added and puts the
+# FORWARD policy back as it was ($FORWARD_POLICY, read before dockerd started).
+FORWARD_POLICY=""
+undo_dockerd_network() {
+  command -v iptables >/dev/null || return 0
+  local table chain rule
+  for table in filter nat; do
+    iptables -t "$table" -S 2>/dev/null | grep -E -- '^-A ' | grep -vE -- '^-A DOCKER' \
+      | grep -E -- 'DOCKER|docker0|br-[0-9a-f]{12}' | while read -r rule; do
+        eval "iptables -t $table -D ${rule#-A }" 2>/dev/null
+      done
+    for chain in DOCKER DOCKER-ISOLATION-STAGE-1 DOCKER-ISOLATION-STAGE-2 DOCKER-USER; do
+      iptables -t "$table" -F "$chain" 2>/dev/null && iptables -t "$table" -X "$chain" 2>/dev/null
+    done
+  done
+  [ -n "$FORWARD_POLICY" ] && iptables -P FORWARD "$FORWARD_POLICY"
+  ip link show docker0 >/dev/null 2>&1 && ip link delete docker0
+  log "removed the dockerd's iptables chains and rules and docker0; FORWARD policy ${FORWARD_POLICY:-unchanged}"
+}
 STARTED_DOCKERD=""
 MADE_BASE=""
 MADE_WHEEL_DIR=""
 MADE_CA_BUNDLE=""
+STATUS_PID=""
+BUSY_PIDS=()
 COMPOSE=()
 cleanup() {
   local rc=$?
   set +e
+  if [ ${#BUSY_PIDS[@]} -gt 0 ]; then kill "${BUSY_PIDS[@]}" 2>/dev/null; wait "${BUSY_PIDS[@]}" 2>/dev/null; fi
+  [ -n "$STATUS_PID" ] && kill "$STATUS_PID" 2>/dev/null
   if [ ${#COMPOSE[@]} -gt 0 ] && docker info >/dev/null 2>&1; then
     if [ "$rc" -ne 0 ]; then
       log "compose logs (last 40 lines per service) in $WORK/compose.log"
@@ -75,11 +110,17 @@ cleanup() {
       tail -n 80 "$WORK/compose.log"
     fi
     phase_start teardown
-    "${COMPOSE[@]}" --profile dpo --profile gpu down -v --remove-orphans --timeout 30 >/dev/null 2>&1
+    "${COMPOSE[@]}" --profile dpo --profile gpu --profile status down -v --remove-orphans --timeout 30 >/dev/null 2>&1
     left=$(docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT"; \
            docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT"; \
            docker network ls -q --filter "label=com.docker.compose.project=$PROJECT")
-    if [ -n "$left" ]; then log "left behind: $left"; [ "$rc" -eq 0 ] && rc=1; fi
+    if [ -n "$left" ]; then
+      log "left behind by compose down (removing them now): $(echo $left)"
+      [ "$rc" -eq 0 ] && rc=1
+      docker rm -f -v $(docker ps -a -q --filter "label=com.docker.compose.project=$PROJECT") >/dev/null 2>&1
+      docker volume rm $(docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT") >/dev/null 2>&1
+      docker network rm $(docker network ls -q --filter "label=com.docker.compose.project=$PROJECT") >/dev/null 2>&1
+    fi
     phase_end
   fi
   if docker info >/dev/null 2>&1 && [ "$KEEP_IMAGE" != 1 ]; then
@@ -100,6 +141,7 @@ cleanup() {
     log "stopping the dockerd this script started (pid $STARTED_DOCKERD)"
     kill "$STARTED_DOCKERD" 2>/dev/null
     for _ in $(seq 60); do kill -0 "$STARTED_DOCKERD" 2>/dev/null || break; sleep 1; done
+    kill -0 "$STARTED_DOCKERD" 2>/dev/null || undo_dockerd_network
   fi
   log "phase times: ${PHASES[*]:-none}"
   [ "$rc" -eq 0 ] && log "OK" || log "exit $rc (work dir $WORK)"
@@ -132,6 +174,7 @@ phase_start engine
 if ! docker info >/dev/null 2>&1; then
   [ "$(id -u)" = 0 ] || die "no Docker engine is reachable and starting dockerd needs root"
   log "no engine running: starting dockerd (log: $WORK/dockerd.log)"
+  FORWARD_POLICY=$(iptables -S FORWARD 2>/dev/null | awk '$1 == "-P" { print $3 }')
   nice -n 10 dockerd >"$WORK/dockerd.log" 2>&1 &
   STARTED_DOCKERD=$!
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
@@ -207,24 +250,28 @@ fi
 log "image $IMAGE: $(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{ printf "%.0f MB", $1 / 1e6 }')"
 phase_end
 
-export SWARM_NODE_IMAGE=$IMAGE SWARM_NODE_BASE_IMAGE=$BASE SWARM_NODE_ROUNDS=$ROUNDS SWARM_NODE_DPO_ROUNDS=$DPO_ROUNDS \
-       SWARM_NODE_EVAL_N=$EVAL_N SWARM_NODE_EVAL_EVERY=$ROUNDS SWARM_NODE_BOOTSTRAP_PORT=${SWARM_NODE_BOOTSTRAP_PORT:-31337}
+# The nodes run with compose.yaml's defaults, as a user's would: until stopped. The checks below stop them
+# once they have been seen (the rounds a node trains do not race the checks, however fast the machine).
+# What only a slow machine needs is generous here, so that a slow node never fails a check that a stuck one
+# should: 180 s per join attempt (the libp2p daemon's start in a CPU-limited container), and the DPO ring's
+# wait for its four nodes as long as this script waits for anything.
+unset SWARM_NODE_ROUNDS SWARM_NODE_DPO_ROUNDS
+export SWARM_NODE_IMAGE=$IMAGE SWARM_NODE_BASE_IMAGE=$BASE SWARM_NODE_EVAL_N=$EVAL_N SWARM_NODE_EVAL_EVERY=$ROUNDS \
+       SWARM_NODE_BOOTSTRAP_PORT=${SWARM_NODE_BOOTSTRAP_PORT:-31337} \
+       SWARM_NODE_JOIN_TIMEOUT_S=${SWARM_NODE_JOIN_TIMEOUT_S:-180} SWARM_NODE_DPO_JOIN_WAIT_S=${SWARM_NODE_DPO_JOIN_WAIT_S:-$TIMEOUT_S}
 COMPOSE=("${COMPOSE_TOOL[@]}" -p "$PROJECT" -f "$ROOT/compose.yaml")
 
 # ---- helpers -----------------------------------------------------------------------------------------
-cid_of() { "${COMPOSE[@]}" --profile dpo ps -q "$1" 2>/dev/null | head -n 1; }
+# service -> container id, noted once after `up` (a restart keeps the id), so that polls cost no compose call
+declare -A CIDS=()
+note_cids() { local s; for s in "$@"; do CIDS[$s]=$("${COMPOSE[@]}" --profile dpo ps -q "$s" 2>/dev/null | head -n 1); done; }
+cid_of() {
+  if [ -n "${CIDS[$1]:-}" ]; then printf '%s\n' "${CIDS[$1]}"
+  else "${COMPOSE[@]}" --profile dpo ps -q "$1" 2>/dev/null | head -n 1; fi
+}
 volume_of() {
   docker volume ls -q --filter "label=com.docker.compose.project=$PROJECT" --filter "label=com.docker.compose.volume=$1" \
     | head -n 1
-}
-network_of() { docker network ls -q --filter "label=com.docker.compose.project=$PROJECT" | head -n 1; }
-
-# `swarm-node status --json` from a one-off container that is no part of the swarm (throw-away identity,
-# client mode), joined through the address file the bootstrap wrote.
-status_json() {
-  docker run --rm --network "$(network_of)" -v "$(volume_of swarm-addrs):/swarm:ro" "$IMAGE" \
-    sh -c 'swarm-node status --initial-peers $(grep "^/" /swarm/bootstrap.maddrs) --swarm "$0" --json --retries 1 --timeout 60' "$1" \
-    2>>"$WORK/status.err"
 }
 
 # "status exit-code restarts" of a service's container
@@ -235,88 +282,52 @@ state_of() {
   docker inspect -f '{{.State.Status}} {{.State.ExitCode}} {{.RestartCount}}' "$cid"
 }
 
-# A node that failed for good: exited non-zero with its restart policy (on-failure:3) used up, or dead.
-# A crash that the policy restarts is allowed (it is logged and shows in the metrics checks).
-failed_for_good() {
-  case "$1" in
-    dead*) return 0 ;;
-    "exited 0 "*) return 1 ;;
-    exited*) [ "${1##* }" -ge 3 ] ;;
-    *) return 1 ;;
-  esac
-}
-
-# Fail at once when one of these services failed for good, instead of polling on.
+# Fail at once when a node crashed (its restart policy would bring it back, but a smoke run wants none)
+# or stopped, instead of waiting on for something it will never do.
 check_running() {
   local s st
   for s in "$@"; do
     st=$(state_of "$s")
-    if failed_for_good "$st"; then
-      docker logs --tail 20 "$(cid_of "$s")" 2>&1 | sed "s/^/  $s | /"
-      die "$s failed (status exit-code restarts: $st)"
-    fi
+    case "$st" in
+      "running "*" 0"|"created "*" 0") ;;
+      *) docker logs --tail 20 "$(cid_of "$s")" 2>&1 | sed "s/^/  $s | /"
+         die "$s is not running as it should (status exit-code restarts: $st)" ;;
+    esac
   done
 }
 
-# Poll `swarm-node status` while the nodes run, until it has listed `want` distinct members (a status call
-# takes seconds to tens of seconds on a busy machine, so short runs are seen over several polls). Every
-# listing is kept in $WORK/status-<swarm>.json (the last record of each peer id); fails when a node crashed
-# or all of them finished before status had seen them all.
-# $1 swarm id, $2 how many members, rest: the services whose containers must be running.
-wait_for_members() {
-  local swarm=$1 want=$2 end=$(( $(date +%s) + TIMEOUT_S )) out n seen
+# The compose file's own `status` service (`compose run --rm status`, what a user runs): it waits for the
+# bootstrap's address file, joins once as a throw-away client, and looks every 2 s until `want` members are
+# live at once. It runs in the background while this polls the nodes, so a crash fails at once. The JSON
+# listing is kept in $WORK/status-<swarm>.json and printed.
+# $1 swarm id, $2 how many members, rest: the services that must stay running meanwhile.
+list_members() {
+  local swarm=$1 want=$2
   shift 2
-  rm -f "$WORK/status-$swarm.json"
-  while [ "$(date +%s)" -lt "$end" ]; do
-    check_running "$@"
-    if out=$(status_json "$swarm"); then
-      seen=$(printf '%s' "$out" | python3 -c '
-import json, sys
-from pathlib import Path
-path, now = Path(sys.argv[1]), json.load(sys.stdin)
-members = {m["peer_id"]: m for m in (json.loads(path.read_text()) if path.exists() else [])}
-members.update({m["peer_id"]: m for m in now})
-path.write_text(json.dumps(list(members.values()), indent=1))
-print(len(now), len(members))' "$WORK/status-$swarm.json") || seen="? ?"
-      n=${seen% *}
-      log "status --swarm $swarm: $n live member(s) now, ${seen#* } seen so far"
-      if [ "${seen#* }" != "?" ] && [ "${seen#* }" -ge "$want" ]; then
-        python3 -c '
-import json, sys
-for m in json.load(open(sys.argv[1])):
-    print("  %s  %-4s  %-12s  round %s" % (m["peer_id"], m["mode"], m["model_name"], m["round"]))' "$WORK/status-$swarm.json"
-        return 0
-      fi
-    fi
-    all_done=1
-    for s in "$@"; do
-      case "$(state_of "$s")" in "exited 0 "*) ;; *) all_done="" ;; esac
-    done
-    [ -z "$all_done" ] || { log "every node finished before status had listed $want"; return 1; }
-    sleep 3
-  done
-  return 1
+  log "compose run --rm status --swarm $swarm --wait-for $want (log: $WORK/status-$swarm.err)"
+  "${COMPOSE[@]}" run --rm --no-deps -T status --swarm "$swarm" --wait-for "$want" --wait-s "$TIMEOUT_S" --json \
+    >"$WORK/status-$swarm.json" 2>"$WORK/status-$swarm.err" </dev/null &
+  STATUS_PID=$!
+  while kill -0 "$STATUS_PID" 2>/dev/null; do check_running "$@"; sleep 5; done
+  if ! wait "$STATUS_PID"; then
+    STATUS_PID=""
+    tail -n 20 "$WORK/status-$swarm.err"
+    return 1
+  fi
+  STATUS_PID=""
+  python3 "$ROOT/scripts/compose_smoke_check.py" listing "$WORK" "$swarm"
 }
 
-# Wait until each service's container has exited with 0 (restarts allowed, and reported).
-wait_exited() {
-  local end=$(( $(date +%s) + TIMEOUT_S )) s st
+# Copy each running node's metrics.jsonl to $WORK (a node appends a line per round; a half-written last
+# line is skipped by the checks while they wait, and is whole once the node has stopped).
+read_metrics() {
+  local s
   for s in "$@"; do
-    while :; do
-      st=$(state_of "$s")
-      case "$st" in "exited 0 "*) break ;; esac
-      if failed_for_good "$st"; then
-        docker logs --tail 20 "$(cid_of "$s")" 2>&1 | sed "s/^/  $s | /"
-        die "$s failed (status exit-code restarts: $st)"
-      fi
-      [ "$(date +%s)" -lt "$end" ] || die "$s still running after ${TIMEOUT_S}s ($st)"
-      sleep 5
-    done
-    log "$s: finished (status exit-code restarts: $st)"
+    docker exec "$(cid_of "$s")" cat /state/metrics.jsonl >"$WORK/metrics-$s.jsonl" 2>/dev/null || true
   done
 }
 
-# Read each service's metrics.jsonl from its volume (a read-only mount in a one-off container).
+# After the nodes stopped: read metrics.jsonl from each volume (a read-only mount in a one-off container).
 collect_metrics() {
   local s
   for s in "$@"; do
@@ -325,89 +336,74 @@ collect_metrics() {
   done
 }
 
+# Poll until `$1 wait ...` (a check below) passes on the nodes' metrics, failing at once on a crash.
+wait_until_trained() {
+  local check=$1 end=$(( $(date +%s) + TIMEOUT_S )) last=0 now
+  shift
+  while :; do
+    check_running "$@"
+    read_metrics "$@"
+    if "$check" wait "$@" >"$WORK/progress.txt" 2>&1; then return 0; fi
+    now=$(date +%s)
+    [ "$now" -lt "$end" ] || { cat "$WORK/progress.txt"; die "not trained enough after ${TIMEOUT_S}s"; }
+    if [ $(( now - last )) -ge 30 ]; then
+      log "waiting (load $(load1)): $(head -n 1 "$WORK/progress.txt")"; last=$now
+    fi
+    sleep 10
+  done
+}
+
+# SIGTERM (compose stop): each node finishes its round, checkpoints and leaves; it must exit 0, never restarted.
+stop_nodes() {
+  local s st
+  log "compose stop ${*} (each finishes its round and checkpoints; up to ${STOP_TIMEOUT_S}s)"
+  "${COMPOSE[@]}" --profile dpo stop -t "$STOP_TIMEOUT_S" "$@" 2>&1 | sed 's/^/  /'
+  for s in "$@"; do
+    st=$(state_of "$s")
+    [ "$st" = "exited 0 0" ] || { docker logs --tail 20 "$(cid_of "$s")" 2>&1 | sed "s/^/  $s | /"
+                                  die "$s did not stop cleanly (status exit-code restarts: $st)"; }
+  done
+  log "stopped cleanly: ${*}"
+}
+
+# The checks (scripts/compose_smoke_check.py) on the copies in $WORK. `wait`: exit 1, with one progress line,
+# until each node has trained enough; `final`: the same on the whole files, with a report per node.
+check_grpo() { python3 "$ROOT/scripts/compose_smoke_check.py" grpo "$1" "$WORK" "$ROUNDS" "${@:2}"; }
+check_dpo() { python3 "$ROOT/scripts/compose_smoke_check.py" dpo "$1" "$WORK" "$DPO_ROUNDS" "${@:2}"; }
+
+# SMOKE_BUSY=1: from here on, a busy loop pinned to each core, at the nodes' niceness (the engine's), so the
+# swarm phases run on a loaded machine.
+if [ "$BUSY" = 1 ]; then
+  ni=$(ps -o ni= -p "$(pgrep -o -x dockerd || echo $$)" | tr -d ' ')
+  for core in $(seq 0 $(( $(nproc) - 1 ))); do
+    taskset -c "$core" nice -n "${ni:-0}" sh -c 'while :; do :; done' &
+    BUSY_PIDS+=("$!")
+  done
+  log "SMOKE_BUSY=1: ${#BUSY_PIDS[@]} busy loop(s), one pinned to each core, at nice ${ni:-0} (pids ${BUSY_PIDS[*]})"
+fi
+
 # ---- grpo --------------------------------------------------------------------------------------------
 phase_start grpo
-log "compose up: bootstrap + ${GRPO_PEERS[*]} for $ROUNDS rounds (eval_n $EVAL_N)"
+log "compose up: bootstrap + ${GRPO_PEERS[*]} (until stopped; stopped here after $ROUNDS rounds each, eval_n $EVAL_N)"
 "${COMPOSE[@]}" up -d --no-build bootstrap "${GRPO_PEERS[@]}" 2>&1 | sed 's/^/  /'
-wait_for_members demo 3 "${GRPO_PEERS[@]}" || die "swarm-node status never listed the three GRPO peers"
-wait_exited "${GRPO_PEERS[@]}"
+note_cids "${GRPO_PEERS[@]}"
+list_members demo "${#GRPO_PEERS[@]}" "${GRPO_PEERS[@]}" || die "swarm-node status did not list the three GRPO peers"
+wait_until_trained check_grpo "${GRPO_PEERS[@]}"
+log "trained: $(head -n 1 "$WORK/progress.txt")"
+stop_nodes "${GRPO_PEERS[@]}"
 collect_metrics "${GRPO_PEERS[@]}"
-python3 - "$WORK" "$ROUNDS" "${GRPO_PEERS[@]}" <<'PY' || die "GRPO metrics check failed"
-import json, sys
-from pathlib import Path
-
-work, rounds, peers = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-status = json.loads((work / "status-demo.json").read_text())
-listed = {m["peer_id"]: m["model_name"] for m in status}
-problems = []
-for peer in peers:
-    rows = [json.loads(ln) for ln in (work / f"metrics-{peer}.jsonl").read_text().splitlines() if ln.strip()]
-    got = [r["round"] for r in rows]
-    if got != list(range(rounds + 1)):
-        problems.append(f"{peer}: rounds {got}, expected 0..{rounds}")
-        continue
-    by_model: dict[str, int] = {}
-    for r in rows[1:]:
-        for key, n in (r.get("external_groups_by_peer") or {}).items():
-            suffix, _, model = key.partition(":")
-            ids = [pid for pid in listed if pid.endswith(suffix)]
-            if len(ids) != 1:
-                problems.append(f"{peer}: groups from {key}, a peer that `swarm-node status` did not list")
-            by_model[model] = by_model.get(model, 0) + int(n)
-    trained = sum(int(r.get("external_groups") or 0) for r in rows[1:])
-    others = [p for p in peers if p != peer]
-    missing = [o for o in others if by_model.get(o, 0) <= 0]
-    if missing:
-        problems.append(f"{peer}: no groups received from {missing} (by model: {by_model})")
-    if trained <= 0:
-        problems.append(f"{peer}: trained on no external groups")
-    acc0, acc1 = rows[0]["eval_accuracy"], rows[-1]["eval_accuracy"]
-    rejected: dict[str, int] = {}
-    for r in rows[1:]:
-        for k, n in (r.get("rejected") or {}).items():
-            rejected[k] = rejected.get(k, 0) + int(n)
-    print(f"  {peer:12s} rounds {rounds}: external groups used {trained} (received by model {by_model}), "
-          f"eval accuracy {acc0:.3f} -> {acc1:.3f} (n={rows[-1].get('eval_n')}), rejected {rejected or 'none'}")
-if problems:
-    print("\n".join("  PROBLEM " + p for p in problems))
-    sys.exit(1)
-PY
+check_grpo final "${GRPO_PEERS[@]}" || die "GRPO metrics check failed"
 phase_end
 
 # ---- dpo ---------------------------------------------------------------------------------------------
 phase_start dpo
-log "compose --profile dpo up: ${DPO_PEERS[*]} for $DPO_ROUNDS rounds"
+log "compose --profile dpo up: ${DPO_PEERS[*]} (until stopped; stopped here after $DPO_ROUNDS rounds each)"
 "${COMPOSE[@]}" --profile dpo up -d --no-build bootstrap "${DPO_PEERS[@]}" 2>&1 | sed 's/^/  /'
-wait_for_members dpo-demo 4 "${DPO_PEERS[@]}" || die "swarm-node status never listed the four DPO nodes"
-wait_exited "${DPO_PEERS[@]}"
+note_cids "${DPO_PEERS[@]}"
+list_members dpo-demo "${#DPO_PEERS[@]}" "${DPO_PEERS[@]}" || die "swarm-node status did not list the four DPO nodes"
+wait_until_trained check_dpo "${DPO_PEERS[@]}"
+log "trained: $(head -n 1 "$WORK/progress.txt")"
+stop_nodes "${DPO_PEERS[@]}"
 collect_metrics "${DPO_PEERS[@]}"
-python3 - "$WORK" "$DPO_ROUNDS" "${DPO_PEERS[@]}" <<'PY' || die "DPO metrics check failed"
-import json, sys
-from pathlib import Path
-
-work, rounds, peers = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-listed = {m["peer_id"] for m in json.loads((work / "status-dpo-demo.json").read_text())}
-problems, ids = [], {}
-for peer in peers:
-    rows = [json.loads(ln) for ln in (work / f"metrics-{peer}.jsonl").read_text().splitlines() if ln.strip()]
-    if len(rows) != rounds:
-        problems.append(f"{peer}: {len(rows)} rows, expected {rounds}")
-        continue
-    ids[peer] = rows[-1]["peer_id"]
-    if ids[peer] not in listed:
-        problems.append(f"{peer}: peer id {ids[peer]} was not listed by `swarm-node status`")
-    full = [r for r in rows if r.get("num_peers") == 4 and len(r.get("neighbours") or []) == 2]
-    if len(full) < rounds // 2:
-        problems.append(f"{peer}: only {len(full)} of {rounds} rounds mixed with both ring neighbours among 4 peers")
-    acc = [r["heldout_pref_acc"] for r in rows if r.get("heldout_pref_acc") is not None]
-    print(f"  {peer}: {len(full)}/{rounds} rounds averaged with both neighbours, "
-          f"neighbours {sorted(set(n for r in rows for n in (r.get('neighbours') or [])))[:4]}, "
-          f"held-out preference accuracy {acc[0]:.3f} -> {acc[-1]:.3f}, "
-          f"consensus distance {rows[0].get('consensus_distance')} -> {rows[-1].get('consensus_distance')}")
-if len(set(ids.values())) != len(peers):
-    problems.append(f"peer ids not distinct: {ids}")
-if problems:
-    print("\n".join("  PROBLEM " + p for p in problems))
-    sys.exit(1)
-PY
+check_dpo final "${DPO_PEERS[@]}" || die "DPO metrics check failed"
 phase_end

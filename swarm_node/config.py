@@ -100,9 +100,24 @@ class TaskConfig(_Section):
     prompt_field: str = Field("prompt", description="files: the record field with the prompt text")
     answer_field: str = Field("answer", description="files: the record field with the reference answer")
     reward: str | None = Field(None, description="files: reward function 'module:function' (completion, answer) -> [0, 1]; None: exact match")
+    prompt_form: Literal["bare", "fewshot", "chat"] = Field(
+        "bare", description="how problems are put to the model (tasks/prompt_forms.py): bare (the problem "
+        "alone, whole completion compared: the tiny presets), fewshot (a plain solved-examples prefix, for base "
+        "models: plain text, so generation.chat_template auto means off for it, and on is refused), chat (a short instruction "
+        "in the chat template, for instruct models); fewshot and chat read the answer line's final answer. "
+        "Peers must agree (it is part of the task id)")
+    max_operand: int = Field(99, ge=9, le=99, description="arithmetic: operands of the id split are 0..max_operand "
+                             "(one problem in ten held out); smaller is easier for a small real model. Part of the task id")
+    mix: Any = Field(None, description="this node's share of training prompts per part of the task (arithmetic: "
+                     "add, sub, signed; reasoning_gym: dataset names, instead of their weight; files: values of "
+                     "part_field), e.g. {add: 1}; a local setting: peers with another mix share the swarm. None: "
+                     "the task's default (arithmetic: add 1, sub 1, signed 0)")
+    part_field: str | None = Field(None, description="files: the record field naming each record's part (mix and "
+                                   "eval per part); None: one part")
     prompts_per_round: int = Field(8, ge=1, description="own prompts sampled per round (each gets G completions)")
-    eval_split: Literal["id", "ood", "ood_formats", "ood3"] = Field(
-        "id", description="split used by the periodic eval (arithmetic: id, ood, ood_formats, ood3; docs/tasks.md)")
+    eval_split: Literal["id", "ood", "ood_formats", "ood3", "union"] = Field(
+        "id", description="split used by the periodic eval (arithmetic: id, ood, ood_formats, ood3, union; "
+        "docs/tasks.md)")
     eval_n: int = Field(200, ge=1, description="eval prompts (greedy decoding)")
     seed: int = Field(0, description="mixed with the node seed to draw this node's prompts")
 
@@ -151,6 +166,10 @@ class SwarmConfig(_Section):
     staleness_rounds: int = Field(4, ge=0, description="lockstep only: ignore batches of rounds this far behind ours")
     collect_deadline_s: float = Field(15.0, gt=0.0, description="lockstep: longest wait for peers per round; also "
                                       "the deadline of one background download")
+    wait_for_peers: int = Field(0, ge=0, description="GRPO: before the first round, wait (up to join_wait_s) until "
+                                "this many other peers we take batches from are live, so a swarm started together "
+                                "starts its rounds together (the demo sets it; DPO: dpo.min_peers)")
+    join_wait_s: float = Field(60.0, ge=0.0, description="GRPO: how long to wait for wait_for_peers at start")
     push_fanout: int = Field(4, ge=1, le=64, description="F: random neighbours each batch announcement is pushed to")
     max_batch_age_s: float = Field(120.0, gt=0.0, description="refuse peers' batches generated longer ago than this "
                                    "(sender's clock)")
@@ -195,10 +214,61 @@ class DPOConfig(_Section):
     gossip_deadline_s: float = Field(30.0, gt=0.0, description="wait this long for a neighbour's params, then re-weight without it")
     participants_per_round: int | None = Field(None, ge=1, description="federated: S sampled each round; None = all")
     federated_backend: Literal["allreduce", "published"] = Field(
-        "allreduce", description="federated: hivemind DecentralizedAverager all-reduce, or the mean of all "
-        "participants' published params (bit-identical on every node; used whenever participants_per_round is set)")
+        "published", description="federated: the mean of all participants' published params (bit-identical on "
+        "every node; used whenever participants_per_round is set), or hivemind's DecentralizedAverager "
+        "all-reduce (fewer bytes, but it averages whatever each participant sends: only with aggregation=mean)")
+    aggregation: Literal["clipped", "mean"] = Field(
+        "mean", description="mean: the plain weighted mean (trust your neighbours: docs/security.md); clipped: "
+        "refuse replayed and outlying parameters and clip the rest (ClippedGossip; federated: centered clipping "
+        "around the median), against a few hostile neighbours. Not the default yet: on a 4-node ring with no "
+        "attacker it kept the consensus distance from shrinking (docs/dpo.md)")
+    clip_farthest: int = Field(
+        1, ge=0, description="clipped: the f farthest neighbours are pulled in to the distance of the (f+1)-th; "
+        "at least the number of hostile neighbours a node may have (0: refuse outliers, clip nothing)")
+    outlier_factor: float = Field(
+        10.0, gt=1.0, description="clipped: refuse a neighbour whose difference from us is over this many times "
+        "the median of our recent accepted (clipped) differences")
     min_peers: int = Field(1, ge=1, description="wait (up to join_wait_s) until this many DPO peers, self included, are live")
     join_wait_s: float = Field(30.0, ge=0.0, description="how long to wait for min_peers at start")
+
+    @model_validator(mode="after")
+    def _robust_needs_our_own_average(self) -> DPOConfig:
+        if self.averaging == "federated" and self.federated_backend == "allreduce" and self.aggregation == "clipped" \
+                and self.participants_per_round is None:
+            raise ValueError("dpo.federated_backend=allreduce averages whatever each participant sends and cannot "
+                             "clip it; use dpo.federated_backend=published (the default), or dpo.aggregation=mean "
+                             "in a swarm whose participants you trust")
+        return self
+
+
+class AdmissionConfig(_Section):
+    """GRPO: what a peer's batch must pass before we train on it (docs/security.md has the measurements)."""
+
+    audit_delta: float = Field(1e-4, gt=0.0, lt=1.0, description="log-prob audit: the chance that an honest batch "
+                               "is refused (its Azuma-Hoeffding bound on the mean capped importance weight)")
+    audit_margin: float = Field(0.02, ge=0.0, description="log-prob audit: slack over a mean weight of 1 (covers the "
+                                "wire's 1/128 log-prob rounding)")
+    audit_min_tokens: int = Field(32, ge=1, description="log-prob audit: batches with fewer completion tokens are "
+                                  "accepted unjudged")
+    skew_tolerance: float = Field(0.35, gt=0.0, description="skew audit: the largest running gap (nats) between a "
+                                  "peer's positive-advantage completions' log-ratio and the others' (an attacker "
+                                  "under it gains at most exp(tolerance) on those tokens)")
+    skew_z: float = Field(3.0, ge=0.0, description="skew audit: refuse when mean - z * SE of the gap is over the "
+                          "tolerance")
+    skew_window: int = Field(16, ge=1, description="skew audit: a peer's last batches whose gaps are pooled")
+    skew_min_groups: int = Field(8, ge=1, description="skew audit: mixed-reward groups needed before it judges")
+    newcomer_slots: int | None = Field(None, ge=0, description="of the swarm.max_peers_per_round batches a round, "
+                                       "at most this many from identities not yet established (default: a quarter, "
+                                       "at least 1; 0 shares only with peers established before, i.e. never in a "
+                                       "new swarm)")
+    established_after: int = Field(2, ge=0, description="an identity is established once its batches passed every "
+                                   "check in this many distinct rounds")
+    max_groups_per_peer: int | None = Field(None, ge=0, description="groups trained on from one identity a round "
+                                            "(default: task.prompts_per_round, so no peer outweighs our own samples)")
+    max_tokens_per_peer: int | None = Field(None, ge=0, description="completion tokens trained on from one identity "
+                                            "a round, groups beyond refused as token_capped (default: "
+                                            "prompts_per_round x num_generations x max_new_tokens, our own round's "
+                                            "most; 0: no budget)")
 
 
 class CheckpointConfig(_Section):
@@ -235,6 +305,8 @@ class NodeConfig(_Section):
     mode: Literal["grpo", "dpo"] = Field("grpo", description="GRPO with F-TIS sample sharing, or DPO with parameter averaging")
     rounds: int | None = Field(None, ge=1, description="stop after this many rounds; None = run until stopped")
     seed: int = Field(0, description="seeds prompts, sampling and init; give each node its own")
+    threads: int | None = Field(None, ge=1, le=256, description="torch compute threads of this node; None: "
+                                "torch's default (or OMP_NUM_THREADS). On a busy CPU 1 thread can beat 2 by far")
     pipeline: bool = Field(False, description="GRPO: sample round r+1 in the background while round r trains "
                            "(its own samples are then one policy version stale, corrected by F-TIS like a peer's)")
     model: ModelConfig = ModelConfig()
@@ -243,6 +315,7 @@ class NodeConfig(_Section):
     training: TrainingConfig = TrainingConfig()
     swarm: SwarmConfig = SwarmConfig()
     dpo: DPOConfig = DPOConfig()
+    admission: AdmissionConfig = AdmissionConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()
 
@@ -250,6 +323,9 @@ class NodeConfig(_Section):
     def _check_cross_fields(self) -> NodeConfig:
         if self.task.name == "gsm8k" and not self.task.data_path:
             raise ValueError("task.data_path is required when task.name is 'gsm8k'")
+        if self.task.prompt_form == "fewshot" and self.generation.chat_template == "on":
+            raise ValueError("task.prompt_form 'fewshot' is plain text for base models; it cannot go inside a chat "
+                             "template (generation.chat_template: on). Use chat_template off, or prompt_form chat")
         if self.training.lr_schedule != "constant" and self.rounds is None:
             raise ValueError(f"training.lr_schedule={self.training.lr_schedule!r} decays towards round `rounds`, "
                              "which is not set; set rounds, or use lr_schedule=constant")

@@ -2,8 +2,9 @@
 measures during warm-up.
 
 Always the transformers backend, so a number means the same on every machine and backend: prompt text
-without special tokens, greedy decode, `task.is_correct` on the decoded completion. Tasks with several
-sub-datasets (reasoning-gym) also get an accuracy per dataset.
+without special tokens, greedy decode, `task.is_correct` on the decoded completion. Tasks with parts
+(arithmetic's operators and signed format, reasoning-gym's datasets, a files task's part field) also get an
+accuracy per part; the union's accuracy is their mean weighted by each part's problem count.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def evaluate(
 ) -> dict:
     """Greedy exact-match accuracy on the first n prompts of `split`, with mean reward and timing.
 
-    When the task names a dataset per prompt (`task.dataset_of`), `by_dataset` holds each one's accuracy.
+    When the task has parts (`task.part_of`), `by_part` holds each part's accuracy and problem count; `hits`
+    is every problem's 0/1 in order (so two runs scored on the same problems can be paired).
     """
     t0 = time.perf_counter()
     prompts = task.eval_prompts(split, n)
@@ -80,11 +82,31 @@ def evaluate(
         "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
         "split": split,
         "seconds": round(time.perf_counter() - t0, 3),
+        "hits": "".join("1" if h else "0" for h in hits),
     }
-    dataset_of = getattr(task, "dataset_of", None)
-    if dataset_of is not None and prompts:
-        groups: dict[str, list[bool]] = {}
-        for p, h in zip(prompts, hits, strict=True):
-            groups.setdefault(dataset_of(p), []).append(h)
-        result["by_dataset"] = {k: {"accuracy": float(np.mean(v)), "n": len(v)} for k, v in sorted(groups.items())}
+    parts = accuracy_by_part(task, prompts, hits)
+    if parts:
+        result["by_part"] = parts
     return result
+
+
+def accuracy_by_part(task: Task, prompts: list[Prompt], hits: list[bool]) -> dict[str, dict]:
+    """{part: {"accuracy", "n"}} in the task's part order, for the parts that have problems here ({} for a
+    task without parts, or prompts outside them: ood_formats, ood3)."""
+    groups: dict[str, list[bool]] = {}
+    for p, h in zip(prompts, hits, strict=True):
+        part = task.part_of(p)
+        if part is not None:
+            groups.setdefault(part, []).append(h)
+    order = [q for q in task.parts if q in groups]
+    return {q: {"accuracy": float(np.mean(groups[q])), "n": len(groups[q])} for q in order}
+
+
+def eval_metrics(ev: dict) -> dict:
+    """An `evaluate` result as metrics.jsonl keys: eval_accuracy, eval_n, eval_hits and, for tasks with parts,
+    eval_acc_parts / eval_n_parts ({part: value}; the union is eval_accuracy)."""
+    row = {"eval_accuracy": ev["accuracy"], "eval_n": ev["n"], "eval_hits": ev.get("hits")}
+    if ev.get("by_part"):
+        row["eval_acc_parts"] = {k: v["accuracy"] for k, v in ev["by_part"].items()}
+        row["eval_n_parts"] = {k: v["n"] for k, v in ev["by_part"].items()}
+    return row

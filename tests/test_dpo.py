@@ -367,7 +367,7 @@ def test_sigterm_at_any_point_ends_on_an_evaluated_round(tok, tmp_path, monkeypa
     hook_round = dpo_node.DPONode.run_round if when == "during_round" else MetricsWriter.write
 
     def signalling(self, *args, **kwargs):
-        if when == "during_round" and self.round == 1:
+        if when == "during_round" and self.last_round + 1 == 1:  # while round 1 runs
             os.kill(os.getpid(), signal.SIGTERM)
         out = hook_round(self, *args, **kwargs)
         if when == "after_evaluation" and args[0]["round"] == 1:

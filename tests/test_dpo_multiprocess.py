@@ -7,6 +7,7 @@ un-warmed Llama saved with save_pretrained (loaded through the same path as a re
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -135,6 +136,8 @@ def test_federated_nodes_end_each_round_identical(tmp_path: Path, model_dir: Pat
             sets = [f"rounds={rounds}", f"seed={i}", f"dpo.user={i}", "swarm.swarm_id=dpo-fed",
                     "dpo.averaging=federated", "dpo.min_peers=3", "dpo.lr=0.003", "dpo.batch_size=16",
                     f"dpo.federated_backend={backend}", "dpo.gossip_deadline_s=15"]
+            if backend == "allreduce":  # hivemind's all-reduce cannot clip: trusted swarms only
+                sets.append("dpo.aggregation=mean")
             procs.append(_node(i, tmp_path, maddr, model_dir, sets))
         for i, p in enumerate(procs):
             assert p.wait(150) == 0, (tmp_path / f"n{i}.log").read_text()[-3000:]
@@ -228,3 +231,53 @@ def test_a_restarted_ring_node_resumes_and_catches_up_with_its_neighbours(tmp_pa
         back = [r for r in rows_i if resumed_at + 2 < r["round"] <= after[-1]["round"]]
         assert back and sum(victim_id in r["neighbours"] for r in back for victim_id in [rows[-1]["peer_id"]]) \
             >= 0.7 * len(back), (i, back)
+
+
+def test_honest_ring_nodes_refuse_a_real_hostile_neighbour(tmp_path: Path, model_dir: Path) -> None:
+    """4 honest nodes (users 0-3, `dpo.aggregation=clipped`) and tests/dpo_adversary.py on a 5-node ring, as
+    real processes: the adversary follows its neighbours' rounds and publishes their parameters x 1e3. Its two
+    ring neighbours refuse it (`norm_outlier`) from round 0 (their first update gives the scale); the honest
+    nodes keep averaging with each other and their parameters stay at their own scale (plain averaging would
+    take a third of the x 1e3 payload every round).
+
+    Not asserted: that they learn. In 20 rounds they did not (held-out preference accuracy gains -0.03..+0.02,
+    2026-12-02), nor did a 4-node ring with no attacker under the clipped rule keep its consensus distance
+    shrinking; that is why plain averaging stays the default (issue 24)."""
+    rounds, honest = 20, 4
+    boot, maddr = _bootstrap("dpo-byz", tmp_path)
+    procs: list[subprocess.Popen] = []
+    common = ["swarm.swarm_id=dpo-byz", f"dpo.min_peers={honest + 1}", "dpo.lr=0.003", "dpo.batch_size=16",
+              "dpo.aggregation=clipped"]
+    report = tmp_path / "adversary.json"
+    try:
+        for i in range(honest):
+            procs.append(_node(i, tmp_path, maddr, model_dir, [f"rounds={rounds}", f"seed={i}", f"dpo.user={i}", *common]))
+        adv_sets = ["swarm.heartbeat_s=1", "swarm.record_ttl_s=6", "dpo.gossip_deadline_s=4", *common]
+        adv = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "dpo_adversary.py"), "--model-dir", str(model_dir), "--maddr", maddr,
+             "--swarm-id", "dpo-byz", "--mode", "scaled", "--rounds", str(rounds), "--out", str(report),
+             "--state-dir", str(tmp_path / "adv"), *[a for s in adv_sets for a in ("--set", s)]],
+            cwd=ROOT, env=_env(), stdout=open(tmp_path / "adv.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(adv)
+        for i, p in enumerate(procs[:honest]):
+            assert p.wait(240) == 0, (tmp_path / f"n{i}.log").read_text()[-3000:]
+        assert adv.wait(60) == 0, (tmp_path / "adv.log").read_text()[-3000:]
+    finally:
+        _stop(procs + [boot])
+    bad = json.loads(report.read_text())
+    assert bad["rounds"], (tmp_path / "adv.log").read_text()[-3000:]
+    runs = [_rows(tmp_path, i) for i in range(honest)]
+    beside = [rows for rows in runs if bad["peer_id"] in rows[0]["neighbours"] + rows[0]["missing_neighbours"]]
+    assert len(beside) == 2  # a 5-node ring: the adversary has two honest neighbours
+    # the parameters' scale: round 0 of the nodes the adversary is not beside
+    scale = max(abs(v) for rows in runs if rows not in beside for v in rows[0]["params_probe"])
+    for rows in runs:
+        assert [r["round"] for r in rows] == list(range(rounds))
+        assert all(math.isfinite(v) for r in rows for v in r["params_probe"])
+        assert all(bad["peer_id"] not in r["neighbours"] for r in rows)  # never averaged in
+        assert max(abs(v) for r in rows for v in r["params_probe"]) < 10 * scale, [r["params_probe"] for r in rows]
+    for rows in beside:
+        attacked = [r for r in rows if r["round"] in bad["rounds"]]
+        refused = sum(r["rejected"].get("params:norm_outlier", 0) for r in rows)  # rows count each round's
+        assert refused >= len(attacked) - 1, [r["rejected"] for r in rows]
+        assert sum(len(r["neighbours"]) == 1 for r in rows) >= 0.8 * rounds  # its honest neighbour, every round

@@ -74,7 +74,7 @@ def test_stop_and_resume_is_bit_identical_to_an_uninterrupted_run(model_dir: Pat
     assert [r["dpo_loss"] for r in split] == [r["dpo_loss"] for r in straight]
     # a restarted node holds the same optimizer state as the one that never stopped
     a, b = _resumed_node(model_dir, tmp_path / "straight", 5), _resumed_node(model_dir, tmp_path / "split", 5)
-    assert a.round == b.round == 5
+    assert a.last_round == b.last_round == 4  # five rounds done, numbered from 0
     ta, tb = _optimizer_tensors(a), _optimizer_tensors(b)
     assert ta and len(ta) == len(tb) and all(torch.equal(x, y) for x, y in zip(ta, tb, strict=True))
     assert a.trainer.rng.bit_generator.state == b.trainer.rng.bit_generator.state
@@ -88,7 +88,7 @@ def test_resume_without_the_sampler_state_would_diverge(model_dir: Path, tmp_pat
     node.resume()
     node.trainer.rng = type(node.trainer.rng)(type(node.trainer.rng.bit_generator)(0))  # a fresh sampler
     for _ in range(2):
-        row, _ = node.run_round(evaluate=lambda: False)
+        row = node.run_round(evaluate=lambda: False)
     assert row["params_digest"] != _rows(tmp_path / "straight")[-1]["params_digest"]
 
 
@@ -98,7 +98,7 @@ def test_sigterm_mid_round_then_restart_continues_at_the_next_round(model_dir: P
     real_round = DPONode.run_round
 
     def signalling(self, *args, **kwargs):
-        if self.round == 1:
+        if self.last_round + 1 == 1:  # while round 1 runs
             os.kill(os.getpid(), signal.SIGTERM)
         return real_round(self, *args, **kwargs)
 
@@ -107,7 +107,7 @@ def test_sigterm_mid_round_then_restart_continues_at_the_next_round(model_dir: P
     assert [r["round"] for r in _rows(state)] == [0, 1]
     monkeypatch.setattr(dpo_node.DPONode, "run_round", real_round)
     node = _resumed_node(model_dir, state, 4)
-    assert node.round == 2
+    assert node.last_round == 1  # continues at round 2
     from swarm_node.gossip.vectors import get_params, params_digest
 
     assert params_digest(get_params(node.model)) == _rows(state)[-1]["params_digest"]  # what round 1 ended with
@@ -122,3 +122,20 @@ def test_a_checkpoint_of_another_user_is_refused(model_dir: Path, tmp_path: Path
     node = DPONode(_cfg(model_dir, 2, "dpo.user=3"), tmp_path / "s")
     with pytest.raises(UserFacingError, match="another model/task configuration"):
         node.resume()
+
+
+def test_a_rows_refused_parameters_are_that_rounds_own(model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """A neighbour whose parameter payload is junk in rounds 0 and 1 and good in round 2: each row counts only
+    its round's refusals, under the registry's `params:` family (they were running totals, unprefixed)."""
+    node = DPONode(_cfg(model_dir, 3, "dpo.averaging=gossip", "dpo.topology=ring"), tmp_path / "s")
+    me = node.exchange.self_id
+    from swarm_node.gossip.payload import encode_params
+    from swarm_node.gossip.vectors import get_params
+
+    good = encode_params(get_params(node.model), node.arch_fp, node.cfg.dpo.compression)
+    sent = {0: b"\xff" * 256, 1: b"\x00" * 3, 2: good}
+    monkeypatch.setattr(node.exchange, "peers", lambda: sorted([me, "neighbour"]))
+    monkeypatch.setattr(node.exchange, "fetch_all", lambda to_fetch, r: {p: sent[r] for p in to_fetch})
+    rows = [node.run_round(evaluate=lambda: False) for _ in range(3)]
+    assert [r["rejected"] for r in rows] == [{"params:bad_header": 1}, {"params:truncated": 1}, {}]
+    assert [r["missing_neighbours"] for r in rows] == [["neighbour"], ["neighbour"], []]

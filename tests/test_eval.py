@@ -62,6 +62,8 @@ def test_cli_json_matches_a_hand_loop(model_dir, tmp_path):
     assert out["n"] == n and 0.0 <= out["accuracy"] <= 1.0
     assert out["split"] == "ood" and out["task"] == "arithmetic" and out["model"] == str(model_dir)
     assert out["max_new_tokens"] == 8 and out["seconds"] > 0
+    assert out["by_part"] == {"signed": {"accuracy": out["accuracy"], "n": n}}  # ood is the signed part's eval
+    assert len(out["hits"]) == n and out["hits"].count("1") == round(out["accuracy"] * n)
     loaded = load_model(str(model_dir), dtype="float32", device="cpu")
     loaded.model.eval()
     task = ArithmeticTask()
@@ -122,3 +124,59 @@ def test_evaluate_with_no_prompts(model_dir):
     loaded = load_model(str(model_dir), dtype="float32", device="cpu")
     res = evaluate(loaded.model, loaded.tokenizer, ArithmeticTask(), "id", 0, max_new_tokens=2)
     assert res["n"] == 0 and res["accuracy"] == 0.0
+
+
+def test_a_state_dir_is_scored_in_the_prompt_form_its_node_trained_in(model_dir, tmp_path, capsys, monkeypatch):
+    """A node with task.prompt_form fewshot and max_operand 20 records both in its checkpoint; `swarm-node eval
+    STATE_DIR` then poses the same problems the same way (plain text) without being told."""
+    from swarm_node.cli import main
+    from swarm_node.config import NodeConfig
+    from swarm_node.node.grpo_node import GRPONode
+
+    cfg = NodeConfig.model_validate({"model": {"path": str(model_dir)}, "task": {"prompt_form": "fewshot",
+                                     "max_operand": 20, "eval_n": 6}, "generation": {"max_new_tokens": 4}})
+    node = GRPONode(cfg, tmp_path / "state")
+    node.last_round = 1
+    assert node.checkpoint()
+    want = node.evaluate()
+    node.close()
+    import swarm_node.evaluation as evaluation
+
+    seen = {}
+    real = evaluation.evaluate
+
+    def spy(model, tok, task, split, n, max_new_tokens, batch_size=256, encode=None):
+        seen["task_id"], seen["ids"] = task.task_id, [encode(p.text) for p in task.eval_prompts(split, n)]
+        return real(model, tok, task, split, n, max_new_tokens, batch_size, encode)
+
+    monkeypatch.setattr(evaluation, "evaluate", spy)
+    assert main(["eval", "--model", str(tmp_path / "state"), "--n", "6", "--max-new-tokens", "4", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert seen["task_id"] == node.task.task_id == "arithmetic-v2.fewshot.max20"
+    assert seen["ids"] == [node.prompts.encode(p.text) for p in node.task.eval_prompts("id", 6)]
+    assert got["prompt_form"] == "fewshot" and got["chat_template"] == "off" and got["n"] == 6
+    assert got["accuracy"] == want["accuracy"] and got["reward_mean"] == want["reward_mean"]
+    assert main(["eval", "--model", str(tmp_path / "state"), "--max-operand", "100"]) == 2
+
+
+def test_evaluate_per_part_sums_to_the_union(model_dir):
+    """Each part gets its own accuracy (add 3/4, sub 1/2, signed 1/4 correct by construction), and the
+    union's is their mean weighted by problem count; `hits` lists every problem in order."""
+    loaded = load_model(str(model_dir), dtype="float32", device="cpu")
+    tok = loaded.tokenizer
+    loaded.model.eval()
+    base = ArithmeticTask().eval_prompts("union", 24)
+    share = {"add": 3, "sub": 2, "signed": 1}  # of every 4 problems of the part, this many are right
+    seen: dict[str, int] = {}
+    answers = {}
+    for p in base:
+        part = ArithmeticTask().part_of(p)
+        k = seen[part] = seen.get(part, 0) + 1
+        g = hand_greedy(loaded.model, tok, p.text, 5).strip()  # the reward compares stripped text
+        answers[p.text] = g if (k - 1) % 4 < share[part] else g + "#"
+    res = evaluate(loaded.model, tok, ScriptedTask(answers), "union", 24, max_new_tokens=5, batch_size=5)
+    parts = res["by_part"]
+    assert {k: v["n"] for k, v in parts.items()} == {"add": 8, "sub": 8, "signed": 8}
+    assert {k: v["accuracy"] for k, v in parts.items()} == {"add": 0.75, "sub": 0.5, "signed": 0.25}
+    assert res["accuracy"] == pytest.approx(sum(v["accuracy"] * v["n"] for v in parts.values()) / res["n"])
+    assert len(res["hits"]) == 24 and res["hits"].count("1") == 12

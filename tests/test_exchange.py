@@ -44,7 +44,7 @@ def test_future_and_impossible_offers_are_refused_and_counted():
     assert _deliver(intake, _offer("a", 1, generated=float("nan"))) == "bad_time"
     assert _deliver(intake, _offer("a", 1, generated=-5.0)) == "bad_time"
     assert _deliver(intake, _offer("a", 1, version=5, generated=now)) == "bad_version"
-    assert _deliver(intake, _offer("a", 10**12, generated=now)) == "future_round"  # issue 11, hole 4
+    assert _deliver(intake, _offer("a", 10**12, generated=now)) == "future_round"  # docs/security.md: rounds from the future
     assert intake.counts["future_time"] == 1 and intake.counts["bad_time"] == 2
     assert intake.counts["future_round"] == 1 and intake.snapshot()["buffered_batches"] == 0
     # small skew is tolerated; a signed heartbeat at round 5000 makes round 5050 plausible
@@ -155,15 +155,15 @@ def test_pushed_batches_future_and_stale_refused_fresh_taken():
     import time
 
     from swarm_node.config import SwarmConfig
-    from swarm_node.swarm import PeerInfo, SwarmNode
+    from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
 
     info = PeerInfo(mode="grpo", model_name="m", tokenizer_fp="tok", task_id="t")
     base = dict(enabled=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, bootstrap_retries=1)
-    a = SwarmNode(SwarmConfig(**base), info).start()
-    b = SwarmNode(SwarmConfig(**base, initial_peers=a.visible_maddrs()), info).start()
+    a = SwarmNode(SwarmConfig(**base), info, validate=keep_raw).start()
+    b = SwarmNode(SwarmConfig(**base, initial_peers=a.visible_maddrs()), info, validate=keep_raw).start()
     try:
-        assert _wait(lambda: b.peer_id in a._view)  # a reads membership at its heartbeat
-        a.publish("batch", 10**12, os.urandom(500))  # a round from the future (issue 11, hole 4)
+        assert _wait(lambda: b.peer_id in a.view)  # a reads membership at its heartbeat
+        a.publish("batch", 10**12, os.urandom(500))  # a round from the future (docs/security.md)
         assert _wait(lambda: b.stats()["rejected"].get("future_round", 0) >= 1), b.stats()
         a.publish("batch", 5, os.urandom(500), generated=time.time() - 1000)  # older than the 120 s limit
         assert _wait(lambda: b.stats()["rejected"].get("stale_age", 0) >= 1), b.stats()
@@ -192,28 +192,28 @@ def test_batches_are_decoded_off_the_round_loop():
     import threading
 
     from swarm_node.config import SwarmConfig
-    from swarm_node.swarm import PeerInfo, SwarmNode
+    from swarm_node.swarm import PayloadRefused, PeerInfo, SwarmNode
 
     started, release, finished = threading.Event(), threading.Event(), threading.Event()
     threads = []
 
-    def slow_validator(payload: bytes, round_: int):
+    def slow_validator(payload: bytes, offer):
         threads.append(threading.current_thread().name)
         if payload.startswith(b"bad"):
-            return None, "protocol:schema", "not a batch"
+            raise PayloadRefused("protocol:schema", "not a batch")
+        if payload.startswith(b"oops"):
+            raise KeyError("a validator bug")
         started.set()
         release.wait(60)  # a decode that takes as long as the test wants
         finished.set()
-        return {"round": round_, "n": len(payload)}, None, ""
+        return {"round": offer.round, "n": len(payload)}
 
     info = PeerInfo(mode="grpo", model_name="m", tokenizer_fp="tok", task_id="t")
     base = dict(enabled=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, bootstrap_retries=1)
-    a = SwarmNode(SwarmConfig(**base), info).start()
-    b = SwarmNode(SwarmConfig(**base, initial_peers=a.visible_maddrs()), info)
-    b.set_validate(slow_validator)
-    b.start()
+    a = SwarmNode(SwarmConfig(**base), info, validate=None).start()  # publishes only
+    b = SwarmNode(SwarmConfig(**base, initial_peers=a.visible_maddrs()), info, validate=slow_validator).start()
     try:
-        assert _wait(lambda: b.peer_id in a._view)
+        assert _wait(lambda: b.peer_id in a.view)
         a.publish("batch", 3, os.urandom(700))
         assert started.wait(30), b.stats()
         got = b.receive(4)  # the round goes on while the batch is being decoded
@@ -229,6 +229,10 @@ def test_batches_are_decoded_off_the_round_loop():
         got = b.receive(4)
         assert got.batches == [] and got.payload_refused == {"protocol:schema": 1}
         assert b.intake.count_ready() == 0
+        a.publish("batch", 5, b"oops" + os.urandom(100))  # a validator that raises refuses, the node goes on
+        assert _wait(lambda: b.stats()["rejected"].get("validate_error", 0) >= 1), b.stats()
+        got = b.receive(4)
+        assert got.batches == [] and got.rejected == {"validate_error": 1} and got.payload_refused == {}
     finally:
         release.set()
         b.close()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from swarm_node.protocol import fuzz as pf
-from swarm_node.swarm import fuzz as sf
+from tests.tooling import batch_fuzz as pf
+from tests.tooling import record_fuzz as sf
 
 
 def test_decoder_fuzz_finds_no_exception_and_no_invariant_violation() -> None:
@@ -29,7 +29,7 @@ def test_dpo_parameter_fuzz_finds_no_exception_and_no_invariant_violation() -> N
     """A short run of benchmarks/fuzz_params.py: the DPO payload codec and gossip_step's receive path."""
     import warnings
 
-    from swarm_node.gossip import fuzz as gf
+    from tests.tooling import params_fuzz as gf
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # hivemind's 8-bit encoder: a torch deprecation warning per call
@@ -50,3 +50,22 @@ def test_the_mutator_survives_its_own_earlier_mutations() -> None:
     list and a later template mutation called str.replace on it."""
     parts = pf.run(1500, seed=1, with_bombs=False)  # the crash came between cases 1000 and 1500
     assert sum(st.cases for st in parts.values()) == 1500
+
+
+def test_the_params_fuzzer_frames_follow_the_codecs_real_layout() -> None:
+    """The fuzzer takes payloads apart from the documented layout (docs/dpo.md), not the codec's structs: a
+    real payload must split into the header the codec wrote and rejoin to the same bytes."""
+    import numpy as np
+    import torch
+
+    from swarm_node.gossip.payload import MAGIC, VERSION, encode_params
+    from tests.tooling import params_fuzz as gf
+
+    tensors = [torch.ones(3, 4), torch.zeros(5)]
+    for compression in ("none", "float16", "uint8"):
+        payload = encode_params(tensors, gf.ARCH, compression)
+        head, msgs = gf.split(payload)
+        assert head == (MAGIC, VERSION, gf.ARCH.encode(), 2) and len(msgs) == 2
+        assert gf.join(head, msgs) == payload
+    shapes, compression, valid, _own = gf.random_base(np.random.default_rng(0))
+    assert gf.join(*gf.split(valid)) == valid

@@ -18,6 +18,7 @@ from swarm_node.config import GenerationConfig
 from swarm_node.errors import UserFacingError
 from swarm_node.generation import make_generator
 from swarm_node.generation.hf import TransformersGenerator, completion_text
+from swarm_node.generation.stops import stop_id_list
 from swarm_node.models.factory import PRESETS, build_model, build_tokenizer
 from swarm_node.models.loading import load_model
 
@@ -119,6 +120,60 @@ def test_padded_batch_equals_single_prompts_and_uncached_argmax(loaded, prompts)
             assert s.finished == (ref[-1] == eos)
 
 
+def test_a_prompt_is_prefilled_once_for_its_g_samples(loaded, prompts):
+    """G copies of a prompt share one prefill (KV cache indexed out to them): the first forward sees each distinct
+    prompt once, and the samples equal those of a copy-per-row prefill with the same seed."""
+    gen = make_gen(loaded)
+    rows: list[int] = []
+    hook = loaded.model.register_forward_pre_hook(lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]),
+                                                  with_kwargs=True)
+    try:
+        shared = gen.generate(prompts, 4, max_new_tokens=6, temperature=1.0, seed=9)
+    finally:
+        hook.remove()
+    assert rows[0] == len(prompts) and rows[1] == 4 * len(prompts), rows
+    flat = [list(p) for p in prompts for _ in range(4)]
+    torch_gen = torch.Generator().manual_seed(9)
+    loaded.model.eval()
+    with torch.no_grad():
+        per_row = gen._generate_batch(flat, 6, 1.0, False, torch_gen, share=False)
+    for a, b in zip([x for g in shared for x in g], per_row, strict=True):
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_a_common_prefix_is_prefilled_once(loaded):
+    """Prompts behind one long prefix (a chat template's system turn) prefill it once: the first forward is that
+    prefix alone, and the samples (tokens and log-probs, greedy and seeded) equal a whole-prompt prefill's."""
+    from swarm_node.generation.hf import MIN_SHARED_PREFIX
+
+    tok = loaded.tokenizer
+    head = "You are a careful calculator. Question: "
+    texts = [head + q for q in ("12+7=", "3-15=", "98+99=", "1=", "40-4=")]
+    prompts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    gen = make_gen(loaded)
+    rows: list[tuple[int, ...]] = []
+    hook = loaded.model.register_forward_pre_hook(lambda _m, _a, kw: rows.append(tuple(kw["input_ids"].shape)),
+                                                  with_kwargs=True)
+    try:
+        shared = gen.generate(prompts, 2, max_new_tokens=6, temperature=1.0, seed=4)
+    finally:
+        hook.remove()
+    assert rows[0] == (1, len(tok(head, add_special_tokens=False)["input_ids"])) and rows[0][1] >= MIN_SHARED_PREFIX
+    assert rows[1][0] == len(prompts), rows[:3]
+    flat = [list(p) for p in prompts for _ in range(2)]
+    loaded.model.eval()
+    with torch.no_grad():
+        whole = gen._generate_batch(flat, 6, 1.0, False, torch.Generator().manual_seed(4), share=False)
+        greedy_whole = gen._generate_batch([list(p) for p in prompts], 6, 1.0, True, None, share=False)
+    for a, b in zip([x for g in shared for x in g], whole, strict=True):
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    for (a,), b in zip(gen.generate(prompts, 1, max_new_tokens=6, greedy=True), greedy_whole, strict=True):
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+        np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
 def test_small_batch_size_gives_same_greedy_results(loaded, prompts):
     big = make_gen(loaded, batch_size=64).generate(prompts, 3, max_new_tokens=8, greedy=True)
     small = make_gen(loaded, batch_size=2).generate(prompts, 3, max_new_tokens=8, greedy=True)
@@ -200,6 +255,38 @@ def test_bad_arguments_are_refused(loaded, prompts):
         gen.generate(prompts, 1, max_new_tokens=2, temperature=0.0)
     with pytest.raises(ValueError):
         gen.generate([[]], 1, max_new_tokens=2)
+    with pytest.raises(ValueError, match="num_generations"):
+        gen.generate(prompts, 0, max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        gen.generate(prompts, 1, max_new_tokens=0)
+    assert gen.generate([], 3, max_new_tokens=2) == []
+
+
+@pytest.mark.parametrize("backend", ["transformers", "vllm"])
+def test_every_backend_gets_the_shared_argument_checks(backend):
+    """The checks live in Generator.generate, so a backend never sees a bad request: here neither backend has
+    a model or an engine (built without __init__), and each request is refused, or answered, before sampling."""
+    from swarm_node.generation.vllm_backend import VLLMGenerator  # importable without vLLM installed
+
+    cls = {"transformers": TransformersGenerator, "vllm": VLLMGenerator}[backend]
+    gen = cls.__new__(cls)
+    for kwargs in ({"temperature": 0.0}, {"temperature": -1.0}, {"max_new_tokens": 0}):
+        with pytest.raises(ValueError):
+            gen.generate([[1, 2]], 2, **{"max_new_tokens": 4, **kwargs})
+    with pytest.raises(ValueError, match="num_generations"):
+        gen.generate([[1, 2]], 0, max_new_tokens=4)
+    with pytest.raises(ValueError, match="at least one token"):
+        gen.generate([[1], []], 2, max_new_tokens=4)
+    assert gen.generate([], 2, max_new_tokens=4) == []
+    with pytest.raises(AttributeError):  # a good request does reach the backend (which has nothing to run)
+        gen.generate([[1, 2]], 2, max_new_tokens=4, greedy=True, temperature=0.0)
+
+
+def test_stop_ids_one_or_several_never_none():
+    assert stop_id_list(5) == [5] and stop_id_list(np.int64(5)) == [5]
+    assert stop_id_list((2, np.int32(3))) == [2, 3]
+    with pytest.raises(ValueError, match="eos_token_id must name at least one"):
+        stop_id_list([], "eos_token_id")
 
 
 def test_make_generator_transformers(loaded):
@@ -321,7 +408,7 @@ def test_node_samples_evaluates_and_admits_with_the_chat_template(loaded, tmp_pa
     only if its prompt ids were made the same way."""
     from swarm_node.config import NodeConfig
     from swarm_node.node.grpo_node import GRPONode
-    from swarm_node.node.rollouts import admit_batch
+    from swarm_node.node.rollouts import peer_groups
 
     tok = copy.deepcopy(loaded.tokenizer)
     tok.chat_template = TEMPLATE
@@ -340,9 +427,9 @@ def test_node_samples_evaluates_and_admits_with_the_chat_template(loaded, tmp_pa
     batch = local.to_batch(swarm_id=cfg.swarm.swarm_id, task_id=node.task.task_id,
                            tokenizer_fp=node.loaded.tokenizer_fp, model_name="peer", round_=1,
                            vocab_size=node.loaded.vocab_size)
-    ok = admit_batch(batch, "peer", node.task, node.tok, node.expect, encode=node.prompts.encode)
+    ok = peer_groups(batch, "peer", node.task, node.tok, node.admission.expect, encode=node.prompts.encode)
     assert len(ok.groups) == len(batch.groups) and not ok.rejected
-    plain = admit_batch(batch, "peer", node.task, node.tok, node.expect)  # a node encoding plain text
+    plain = peer_groups(batch, "peer", node.task, node.tok, node.admission.expect)  # a node encoding plain text
     assert plain.rejected["prompt_mismatch"] == len(batch.groups) and not plain.groups
 
 

@@ -74,6 +74,89 @@ def test_micro_batched_logprobs_match_unbatched_forward():
             assert np.max(np.abs(lp - ref)) < 1e-5
 
 
+def head_rows(model, fn):
+    """Run fn() and return the shapes of the output head's inputs."""
+    seen: list[tuple[int, ...]] = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda _m, inp, _out: seen.append(tuple(inp[0].shape)))
+    try:
+        return fn(), seen
+    finally:
+        hook.remove()
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_output_head_runs_on_completion_positions_only(share):
+    """Prompts of different lengths share a micro-batch; lm_head never sees a prompt position, and the log-probs
+    still equal an unpadded forward, for a full and a PEFT model, with and without one forward per prompt."""
+    from peft import LoraConfig, get_peft_model
+
+    rng = np.random.default_rng(3)
+    groups = [random_group(rng, prompt_len=n) for n in (2, 9, 5)]
+    cmax = max(len(c) for g in groups for c in g.completions)
+    for model in (tiny_llama(4), get_peft_model(tiny_llama(4), LoraConfig(r=2, target_modules=["q_proj"]))):
+        trainer = GRPOTrainer(model, TrainingConfig(micro_batch_size=12, lr=1e-3), PAD, "cpu")
+        if not share:
+            trainer._can_share_prompts = lambda: False
+        got, seen = head_rows(model, lambda t=trainer: t.completion_logprobs(groups))
+        if share:  # each distinct prompt's last position, then the 12 completions' first cmax - 1 positions
+            assert seen == [(3, 1, 32), (12, cmax - 1, 32)], seen
+        else:  # one micro-batch, 9 + cmax columns in, cmax + 1 through the head
+            assert seen == [(12, cmax + 1, 32)], seen
+        for g, lps in zip(groups, got, strict=True):
+            for c, lp in zip(g.completions, lps, strict=True):
+                assert np.max(np.abs(lp - reference_logprobs(model, g.prompt_ids, c))) < 1e-5
+
+
+def test_one_forward_per_prompt_gives_the_same_gradient():
+    """The shared-prompt forward (the prompt's keys and values gathered out to its completions) and one whole
+    forward per sequence give the same loss gradient, full model and LoRA."""
+    from peft import LoraConfig, get_peft_model
+
+    rng = np.random.default_rng(5)
+    groups = [random_group(rng, g=4, prompt_len=n, rewards=[1, 0, 0, 1]) for n in (3, 7)]
+    for make in (lambda: tiny_llama(6), lambda: get_peft_model(tiny_llama(6), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))):
+        grads = []
+        for share in (True, False):
+            model = make()
+            trainer = GRPOTrainer(model, TrainingConfig(micro_batch_size=5, lr=1e-3), PAD, "cpu")
+            if not share:
+                trainer._can_share_prompts = lambda: False
+            with_behaviour(trainer, groups, shift=-0.1)
+            trainer.accumulate_gradients(trainer.prepare(groups))
+            grads.append(torch.cat([p.grad.flatten() for p in trainer.params]))
+        assert grads[0].abs().max() > 0
+        assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4), float((grads[0] - grads[1]).abs().max())
+
+
+def test_a_prefix_shared_by_all_prompts_runs_once_with_the_same_gradient():
+    """Prompts behind one long common prefix (a chat template's system turn): the prefix is one forward of its
+    own, and the log-probs and the gradient equal one whole forward per sequence."""
+    from swarm_node.training.grpo_step import MIN_SHARED_PREFIX
+
+    rng = np.random.default_rng(8)
+    prefix = rng.integers(1, VOCAB, size=MIN_SHARED_PREFIX + 3).tolist()
+    groups = [random_group(rng, g=3, rewards=[1, 0, 1]) for _ in range(3)]
+    for g, tail in zip(groups, (2, 5, 1), strict=True):
+        g.prompt_ids = prefix + rng.integers(1, VOCAB, size=tail).tolist()
+    grads, logps = [], []
+    for share in (True, False):
+        model = tiny_llama(9)
+        trainer = GRPOTrainer(model, TrainingConfig(micro_batch_size=16, lr=1e-3), PAD, "cpu")
+        if not share:
+            trainer._can_share_prompts = lambda: False
+        with_behaviour(trainer, groups, shift=-0.2)
+        got, seen = head_rows(model, lambda t=trainer: t.completion_logprobs(groups))
+        logps.append(got)
+        if share:  # the prefix alone (its last position), the 3 tails, then the 9 completions
+            assert seen[0][0] == 1 and seen[1][0] == 3 and seen[2][0] == 9, seen
+        trainer.accumulate_gradients(trainer.prepare(groups))
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.params]))
+    for a, b in zip(logps[0], logps[1], strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_allclose(x, y, atol=1e-5)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4), float((grads[0] - grads[1]).abs().max())
+
+
 def test_positive_advantage_raises_logprob_and_params_change():
     model = tiny_llama(1)
     rng = np.random.default_rng(1)

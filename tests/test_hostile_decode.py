@@ -1,6 +1,7 @@
-"""Decoder amplification (issue 11, hole 3): bombs are refused cheaply, and decode work is bounded by the
-receiver's own limits. Memory is measured with tracemalloc (numpy, zstandard and msgpack allocations are
-all traced), never wall time."""
+"""Decoder amplification (docs/security.md: decompression and msgpack bombs, columns without planes).
+
+Bombs are refused cheaply, and decode work is bounded by the receiver's own limits. Memory is measured with
+tracemalloc (numpy, zstandard and msgpack allocations are all traced), never wall time."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from swarm_node.protocol import (
 from swarm_node.protocol import columns as col
 from swarm_node.protocol.codec import ID_PACKED, ID_PLANES, batch_to_body, pack_body
 from swarm_node.protocol.framing import HEADER, MAGIC, MAJOR, frame
-from swarm_node.protocol.fuzz import empty_planes_bomb, nested_arrays_bomb, tight_limits, zeros_bomb
+from tests.tooling.batch_fuzz import empty_planes_bomb, nested_arrays_bomb, tight_limits, zeros_bomb
 
 MiB = 1 << 20
 

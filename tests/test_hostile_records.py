@@ -1,5 +1,6 @@
-"""Hostile DHT records (issue 11, hole 7): shapes checked under every swarm's keys, sizes, lifetimes and
-subkeys per key bounded. Unit tests run the real hivemind validators on DHTRecords; the slow test floods
+"""Hostile DHT records (docs/security.md: junk under other swarms' keys, bloated keys and storage).
+
+Shapes are checked under every swarm's keys, sizes, lifetimes and subkeys per key bounded. Unit tests run the real hivemind validators on DHTRecords; the slow test floods
 a real SwarmNode's DHT child from an attacker's hivemind DHT on 127.0.0.1."""
 
 from __future__ import annotations
@@ -19,16 +20,15 @@ from hivemind.utils.serializer import MSGPackSerializer as S
 from hivemind.utils.timed_storage import get_dht_time
 
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode
-from swarm_node.swarm import records as R
+from swarm_node.swarm import PeerInfo, SwarmNode, records
 from swarm_node.swarm.dht import RefusalTally, record_refusals
 
 
 def _identity(tmp_path: Path, name: str):
     path = tmp_path / name
     P2P.generate_identity(str(path))
-    key = R.load_identity_key(str(path))
-    return key, R.subkey_for(key), R.peer_id_of_subkey(R.subkey_for(key))
+    key = records.load_identity_key(str(path))
+    return key, records.subkey_for(key), records.peer_id_of_subkey(records.subkey_for(key))
 
 
 def _member(peer_id: str) -> dict:
@@ -45,8 +45,8 @@ def _signed(key, key_name: str, subkey: bytes, value, ttl: float = 60.0) -> DHTR
 @pytest.fixture()
 def victim(tmp_path):
     key, _sub, _pid = _identity(tmp_path, "victim")
-    R.REFUSALS.clear()
-    return CompositeValidator(R.make_validators("mine", key))
+    records.REFUSALS.clear()
+    return CompositeValidator(records.make_validators("mine", key))
 
 
 def test_signed_junk_under_another_swarms_key_is_refused(tmp_path, victim) -> None:
@@ -54,7 +54,7 @@ def test_signed_junk_under_another_swarms_key_is_refused(tmp_path, victim) -> No
     key, sub, pid = _identity(tmp_path, "attacker")
     for junk in ({"peer_id": pid, "x": "y" * 100}, [1, 2, 3], "garbage", {"peer_id": pid, "blobs": "no"}):
         assert victim.validate(_signed(key, "other_members", sub, junk)) is False
-    assert R.REFUSALS["record_shape"] == 4
+    assert records.REFUSALS["record_shape"] == 4
     assert victim.validate(_signed(key, "other_members", sub, _member(pid))) is True
     ann = {"peer_id": pid, "updated": time.time(), "blobs": [{"round": 1, "size": 10, "sha256": "0" * 64}]}
     assert victim.validate(_signed(key, "whatever_batch", sub, ann)) is True
@@ -65,39 +65,39 @@ def test_a_record_naming_another_peer_is_refused_under_any_key(tmp_path, victim)
     key, sub, _pid = _identity(tmp_path, "attacker")
     _k2, _s2, honest = _identity(tmp_path, "honest")
     assert victim.validate(_signed(key, "other_members", sub, _member(honest))) is False
-    assert R.REFUSALS["record_owner"] == 1
+    assert records.REFUSALS["record_owner"] == 1
 
 
 def test_size_and_lifetime_bounds_apply_to_every_record(tmp_path, victim) -> None:
     key, sub, pid = _identity(tmp_path, "attacker")
     unsigned = DHTRecord(DHTID.generate(source="any").to_bytes(), S.dumps(b"peer"), S.dumps({"a": 1}), time.time() + 60)
     assert victim.validate(unsigned) is True  # foreign (e.g. hivemind averaging) records stay usable
-    big = dataclasses.replace(unsigned, value=S.dumps(b"x" * (R.MAX_RECORD_BYTES + 1)))
+    big = dataclasses.replace(unsigned, value=S.dumps(b"x" * (records.MAX_RECORD_BYTES + 1)))
     assert victim.validate(big) is False
-    forever = dataclasses.replace(unsigned, expiration_time=time.time() + 10 * R.MAX_RECORD_TTL_S)
+    forever = dataclasses.replace(unsigned, expiration_time=time.time() + 10 * records.MAX_RECORD_TTL_S)
     assert victim.validate(forever) is False
-    assert victim.validate(_signed(key, "other_members", sub, _member(pid), ttl=10 * R.MAX_RECORD_TTL_S)) is False
-    assert R.REFUSALS["record_too_large"] == 1 and R.REFUSALS["record_ttl"] == 2
+    assert victim.validate(_signed(key, "other_members", sub, _member(pid), ttl=10 * records.MAX_RECORD_TTL_S)) is False
+    assert records.REFUSALS["record_too_large"] == 1 and records.REFUSALS["record_ttl"] == 2
 
 
 def test_storage_bounds_subkeys_per_key_and_in_total() -> None:
     class Bounded(DHTLocalStorage):
         pass
 
-    Bounded.store, Bounded.store_subkey = R.bounded_store_methods(max_subkeys=5, max_entries=11)
-    R.REFUSALS.clear()
+    Bounded.store, Bounded.store_subkey = records.bounded_store_methods(max_subkeys=5, max_entries=11)
+    records.REFUSALS.clear()
     st = Bounded()
     key = DHTID.generate(source="members")
     exp = get_dht_time() + 60
     assert all(st.store(key, b"v", exp, subkey=f"peer{i}".encode()) for i in range(5))
     assert st.store(key, b"v", exp, subkey=b"sybil") is False  # the key is full...
     assert st.store(key, b"v2", exp + 1, subkey=b"peer0") is True  # ...but listed peers still refresh
-    assert R.REFUSALS["subkeys_full"] == 1
+    assert records.REFUSALS["subkeys_full"] == 1
     for j in range(6):
         st.store(DHTID.generate(source=f"k{j}"), b"v", exp)
     assert len(st) == 7
     assert st.store(DHTID.generate(source="one-too-many"), b"v", exp) is False
-    assert R.REFUSALS["storage_full"] >= 1
+    assert records.REFUSALS["storage_full"] >= 1
 
 
 def test_refusal_tally_survives_a_child_restart() -> None:
@@ -113,25 +113,25 @@ def test_an_attackers_dht_cannot_bloat_or_poison_a_nodes_storage(tmp_path) -> No
     """A hivemind DHT without validators joins a SwarmNode and floods it; its DHT child refuses and counts."""
     cfg = SwarmConfig(enabled=True, swarm_id="mine", host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0,
                       record_ttl_s=30.0, bootstrap_retries=1, bootstrap_timeout_s=5.0)
-    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x")).start()
+    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x"), validate=None).start()
     key, sub, pid = _identity(tmp_path, "attacker")
     attacker = hivemind.DHT(initial_peers=node.visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True,
                             record_validators=[RSASignatureValidator(key)])
     try:
         exp = get_dht_time() + 60
         flood = [attacker.store("other_members", {"n": i}, exp, subkey=f"sybil{i}".encode(), return_future=True)
-                 for i in range(R.MAX_SUBKEYS_PER_KEY + 50)]
+                 for i in range(records.MAX_SUBKEYS_PER_KEY + 50)]
         for f in flood:
             f.result(60)
         attacker.store("other_members", {"junk": "x" * 50}, exp, subkey=sub)  # signed, wrong shape
-        attacker.store("other_batch", {"x": b"y" * (R.MAX_RECORD_BYTES + 10)}, exp, subkey=b"s")
+        attacker.store("other_batch", {"x": b"y" * (records.MAX_RECORD_BYTES + 10)}, exp, subkey=b"s")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             refused = node.stats()["rejected"]
             if refused.get("subkeys_full", 0) >= 50 and refused.get("record_shape") and refused.get("record_too_large"):
                 break
             time.sleep(0.5)
-        totals = record_refusals(node._dht)
+        totals = record_refusals(node.dht.child)
         assert totals["subkeys_full"] >= 50
         assert totals["record_shape"] >= 1 and totals["record_too_large"] >= 1
         assert refused.get("subkeys_full", 0) >= 50  # reached the node's rejection counters (metrics)
@@ -151,7 +151,7 @@ async def _never_answers(_dht, _node) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_call_pending_when_the_dht_child_dies_ends_at_once() -> None:
-    """Hole 8: a call waiting on a SIGKILLed child used to block its thread (the heartbeat) for the full
+    """A crashed DHT child (docs/security.md, "kill the DHT"): a call waiting on a SIGKILLed child used to block its thread (the heartbeat) for the full
     10 s call timeout before the death was noticed; now it fails with ConnectionError as soon as the child is gone."""
     import os
     import signal
@@ -159,13 +159,13 @@ def test_a_call_pending_when_the_dht_child_dies_ends_at_once() -> None:
 
     cfg = SwarmConfig(enabled=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, record_ttl_s=30.0,
                       bootstrap_retries=1, bootstrap_timeout_s=5.0)
-    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x")).start()
+    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x"), validate=None).start()
     outcome: dict = {}
 
     def call() -> None:
         t0 = time.monotonic()
         try:
-            node._dht_call("run_coroutine", _never_answers)
+            node.dht.call("run_coroutine", _never_answers)
         except Exception as exc:
             outcome["error"] = type(exc)
         outcome["s"] = time.monotonic() - t0
@@ -174,9 +174,9 @@ def test_a_call_pending_when_the_dht_child_dies_ends_at_once() -> None:
         caller = threading.Thread(target=call)
         caller.start()
         time.sleep(0.5)
-        os.kill(node._dht.pid, signal.SIGKILL)
+        os.kill(node.dht.child.pid, signal.SIGKILL)
         caller.join(30)
-        assert outcome["error"] is ConnectionError  # not TimeoutError after DHT_CALL_TIMEOUT_S
+        assert outcome["error"] is ConnectionError  # not TimeoutError after supervisor.CALL_TIMEOUT_S
         deadline = time.monotonic() + 30
         while node.stats()["dht_restarts"] < 1 and time.monotonic() < deadline:
             time.sleep(0.1)

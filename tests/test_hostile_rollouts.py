@@ -1,4 +1,4 @@
-"""Replays under new identities (hole 5), fabricated behaviour log-probs and Sybil shares (hole 6)."""
+"""Replays under new identities, fabricated behaviour log-probs and Sybil shares (docs/security.md, node/defences.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-from swarm_node.node.rollouts import LogprobAudit, NewcomerGate, ReplayWindow, SkewAudit, cap_share
+from swarm_node.node.defences import LogprobAudit, NewcomerGate, ReplayWindow, SkewAudit, cap_share
 from swarm_node.protocol import Completion, Group, RolloutBatch, decode_batch, encode_batch
 from swarm_node.swarm.intake import Freshness, Intake, Offer
 from swarm_node.training.groups import TrainGroup
@@ -157,7 +157,7 @@ def test_skew_audit_catches_positive_advantage_fabrication_the_mean_audit_misses
     mean_audit, skew = LogprobAudit(), SkewAudit()
     honest = [_mixed_batch(rng, p_logits, q_logits) for _ in range(40)]
     attack = [_mixed_batch(rng, p_logits, q_logits, delta=0.7) for _ in range(20)]
-    # the hole: the batch-mean audit passes every targeted batch
+    # targeted log-prob fabrication (docs/security.md): the batch-mean audit passes every targeted batch
     assert all(mean_audit.judge(gs, lp)[0] for gs, lp in attack)
     honest_verdicts = [skew.judge("honest", gs, lp)[0] for gs, lp in honest]
     attack_verdicts = [skew.judge("attacker", gs, lp)[0] for gs, lp in attack]
@@ -228,7 +228,8 @@ def test_newcomer_gate_keeps_a_sybil_flood_from_filling_k() -> None:
     share_without, _ = _sybil_rounds(None)
     gate = NewcomerGate(max_new=1, established_after=2, rng=random.Random(0))
     share_with, late = _sybil_rounds(gate)
-    assert share_without < 0.25  # the hole: 40 fresh identities a round take nearly every slot
+    # Sybils (docs/security.md): without the gate, 40 fresh identities a round take nearly every slot
+    assert share_without < 0.25
     assert share_with >= 0.75  # established peers keep their slots; Sybils get at most the newcomer share
     # one newcomer slot a round, two rounds to establish: h1..h3 (new at round 1) take rounds 1-6, then the
     # late newcomer, heard before the Sybils, is next whatever the flood

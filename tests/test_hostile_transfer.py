@@ -1,7 +1,8 @@
 """Hostile requesters against the blob handler, over real hivemind P2P daemons on 127.0.0.1.
 
-Holes 1 and 2 of issue 11: junk requests raised tracebacks and were not counted; requesters that ask for
-a blob and never read held every upload slot, so honest fetches starved.
+Junk requests and upload starvation (docs/security.md, "What a peer can do"): junk requests once raised
+tracebacks and were not counted; requesters that ask for a blob and never read held every upload slot, so
+honest fetches starved.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def test_junk_requests_are_counted_without_tracebacks() -> None:
     root.addHandler(capture)
     cfg = SwarmConfig(enabled=True, host_maddrs=LOOPBACK, heartbeat_s=1.0, record_ttl_s=30.0, bootstrap_retries=1,
                       bootstrap_timeout_s=5.0)
-    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x")).start()
+    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x"), validate=None).start()
 
     async def attack() -> list[bytes]:
         client = await P2P.create(initial_peers=node.visible_maddrs(), host_maddrs=LOOPBACK)

@@ -30,6 +30,18 @@ def test_jsonl_rows_are_strict_json_and_truncate_on_resume(tmp_path):
     assert [r["round"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2]
 
 
+def test_lines_that_are_json_but_not_rows_are_skipped_on_read_and_resume(tmp_path, caplog):
+    """A hand-edited or damaged file may hold valid JSON that is not an object: skipped with a warning, and
+    a resume still truncates the rows (it used to call .get on a list and crash the node's start)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"round": 0}\n[1, 2]\n3\n"text"\nnull\n{"round": 1}\n{"round": 2}\n')
+    with caplog.at_level(logging.WARNING, logger="swarm_node"):
+        assert [r["round"] for r in read_metrics(path)] == [0, 1, 2]
+    assert sum("not a JSON object" in r.getMessage() for r in caplog.records) == 4
+    MetricsWriter(tmp_path).truncate_after(1)
+    assert [r["round"] for r in read_metrics(path)] == [0, 1]
+
+
 def test_restart_without_checkpoint_backs_up_and_logs_the_old_rows(tmp_path, caplog):
     w = MetricsWriter(tmp_path)
     for r in range(3):
@@ -64,7 +76,7 @@ def test_prometheus_labels_by_node_counts_with_counters_and_binds_loopback(tmp_p
                  "rejected": {"protocol:schema": 2}, "external_groups_by_peer": {"peer-chosen-name": 3}})
         w.write({"round": 7, "reward_mean": 0.25, "local_groups": 3, "external_groups": 0,
                  "rejected": {"protocol:schema": 1, "made-up-by-peer": 5, "logprob_skew": 1, "newcomer_capped": 4},
-                 "stepped": True, "note": "x"})
+                 "stepped": True, "note": "x", "time_split_s": {"sample": 1.5, "train": 2.25}})
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         w.close()
@@ -77,6 +89,7 @@ def test_prometheus_labels_by_node_counts_with_counters_and_binds_loopback(tmp_p
     assert 'swarm_node_rejected_total{node="tiny-s",reason="protocol:schema"} 3.0' in body
     assert 'swarm_node_rejected_total{node="tiny-s",reason="logprob_skew"} 1.0' in body  # the Sybil defences
     assert 'swarm_node_rejected_total{node="tiny-s",reason="newcomer_capped"} 4.0' in body
+    assert 'swarm_node_round_phase_seconds{node="tiny-s",phase="train"} 2.25' in body  # the round's time split
     assert "peer_chosen_name" not in body and "made-up-by-peer" not in body  # peers cannot add series
     assert "swarm_node_" in body and all('node="tiny-s"' in ln for ln in body.splitlines()
                                         if ln.startswith("swarm_node_") and not ln.startswith("swarm_node_info"))
@@ -88,3 +101,33 @@ def test_prometheus_port_in_use_is_a_user_facing_error(tmp_path):
         busy.listen()
         with pytest.raises(UserFacingError, match="cannot serve /metrics on 127.0.0.1"):
             MetricsWriter(tmp_path, prometheus_port=busy.getsockname()[1])
+
+
+def test_a_round_row_carries_its_time_split(tmp_path):
+    """sample, score, exchange, train and eval seconds of a real round (random tiny model, no preset build):
+    each phase that ran is positive, and together they fit inside the round. (The swarm's exchange is timed by
+    the multi-process tests' rows.)"""
+    import time
+
+    from swarm_node.config import NodeConfig
+    from swarm_node.models.factory import PRESETS, build_model, build_tokenizer
+    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.node.timing import PHASES
+
+    tok = build_tokenizer()
+    build_model(PRESETS["tiny-s"], len(tok), tok.pad_token_id, tok.eos_token_id, seed=0).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    cfg = NodeConfig.model_validate({"rounds": 1, "model": {"path": str(tmp_path / "m")},
+                                     "task": {"prompts_per_round": 4, "eval_n": 8},
+                                     "generation": {"num_generations": 4, "max_new_tokens": 4},
+                                     "training": {"skip_zero_advantage_groups": False}})
+    node = GRPONode(cfg, tmp_path / "state")
+    t0 = time.perf_counter()
+    row = node.run_round()
+    wall = time.perf_counter() - t0
+    split = row["time_split_s"]
+    assert list(split) == list(PHASES)
+    assert all(split[p] > 0 for p in ("sample", "score", "train", "eval")), split
+    assert 0 <= split["exchange"] < 0.05, split  # no swarm: nothing to publish or take
+    assert sum(split.values()) <= wall + 1e-3, (split, wall)
+    assert split["train"] == pytest.approx(row["train_s"], abs=1e-3)

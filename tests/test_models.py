@@ -69,6 +69,36 @@ def test_same_seed_same_bytes_whatever_the_callers_threads(tmp_path):
     assert metas[0]["sha256"] == hashlib.sha256((tmp_path / "0" / "model.safetensors").read_bytes()).hexdigest()
 
 
+@pytest.mark.slow  # builds a preset (a short warm-up, still 5-30 s)
+@pytest.mark.parametrize("target, steps, stop", [(0.0, 4, "target"), (1.01, 9, "max steps")])
+def test_warm_up_stops_on_train_split_accuracy(tmp_path, monkeypatch, target, steps, stop):
+    """The first train-split check at the target stops the warm-up, else the cap does; held-out never steers."""
+    import dataclasses
+
+    import swarm_node.models.factory as factory
+
+    monkeypatch.setitem(factory.PRESETS, "tiny-s", dataclasses.replace(
+        PRESETS["tiny-s"], warmup_target_val=target, warmup_check_every=4))
+    scored: list[list[str]] = []
+    real = factory.greedy_accuracy
+    monkeypatch.setattr(factory, "greedy_accuracy",
+                        lambda m, t, task, prompts, **kw: scored.append([p.id for p in prompts]) or real(m, t, task, prompts, **kw))
+    meta = build_tiny("tiny-s", tmp_path / "a", seed=3, max_steps=9)
+    assert (meta["warmup_steps"], meta["warmup_stop"], meta["warmup_max_steps"]) == (steps, stop, 9)
+    assert meta["warmup_target_val_accuracy"] == target
+    assert (meta["warmup_val_accuracy"] >= target) == (stop == "target")
+    # checks at 4 (and 8, 9 without a stop), then the final id and ood scores: the only held-out passes
+    checks, finals = scored[:-2], scored[-2:]
+    assert len(checks) == (1 if stop == "target" else 3)
+    task = ArithmeticTask()
+    assert finals == [[p.id for p in task.eval_prompts(s, 200)] for s in ("id", "ood")]
+    held = {p.id for s in ("id", "ood") for p in task.eval_prompts(s, 200)}
+    assert all(not held.intersection(c) for c in checks)
+    # a fixed stop (`warmup_steps`, for benchmarks) ignores the target, on the same schedule
+    fixed = build_tiny("tiny-s", tmp_path / "b", seed=3, warmup_steps=9)
+    assert (fixed["warmup_steps"], fixed["warmup_stop"], fixed["warmup_target_val_accuracy"]) == (9, "fixed steps", None)
+
+
 def test_presets_have_vllm_cpu_head_dims():
     """vLLM's CPU attention refuses head_dim 16; 32 and 64 are kernels it ships."""
     for name, p in PRESETS.items():
@@ -133,17 +163,28 @@ def test_preset_sizes(presets_dir):
 def test_warmed_up_accuracy_is_partial(presets_dir, name):
     meta = json.loads((presets_dir / name / PRESET_META_FILE).read_text())
     assert 0.20 <= meta["eval_id_accuracy"] <= 0.40, meta
-    assert meta["warmup_steps"] == PRESETS[name].warmup_steps  # a fixed schedule: no adaptive stop
+    # The adaptive stop held: the first train-split check at the target stopped it, or the cap did.
+    preset = PRESETS[name]
+    assert meta["warmup_max_steps"] == preset.warmup_max_steps
+    assert 0 < meta["warmup_steps"] <= preset.warmup_max_steps, meta
+    if meta["warmup_stop"] == "target":
+        assert meta["warmup_val_accuracy"] >= preset.warmup_target_val, meta
+        assert meta["warmup_steps"] % preset.warmup_check_every == 0, meta
+    else:
+        assert meta["warmup_stop"] == "max steps" and meta["warmup_steps"] == preset.warmup_max_steps, meta
     assert meta["lr_full"] == PRESETS[name].lr_full and meta["lr_lora"] == PRESETS[name].lr_lora
     # The saved checkpoint scores what the factory measured (same greedy routine as `swarm-node eval`).
     lm = load_model(str(presets_dir / name), device="cpu")
     task = ArithmeticTask()
     acc = greedy_accuracy(lm.model, lm.tokenizer, task, task.eval_prompts("id", 200))
     assert acc == pytest.approx(meta["eval_id_accuracy"], abs=0.02)
-    # ood (a leading "+" on held-out problems) is off the floor and below the ceiling for both presets
-    # (measured 0.08 and 0.105 at n=200: docs/results.md), so out-of-distribution gains are measurable.
+    # ood (a leading "+" on held-out problems) is below the ceiling and below id for both presets. It is
+    # not asserted off the floor: on CI's AVX-512/AMX Xeon (2026-12-02, n=200) the v4 tiny-s scores 0.01 ood
+    # at id 0.32 (the v3 build 0.015 there, 0.085 on the CPU the v3 docs were measured on), tiny-m 0.115:
+    # tiny-s ood gains are not measurable on every CPU (docs/results.md).
     ood = greedy_accuracy(lm.model, lm.tokenizer, task, task.eval_prompts("ood", 200))
-    assert 0.05 <= ood <= 0.40, ood
+    assert ood == pytest.approx(meta["eval_ood_accuracy"], abs=0.02)
+    assert ood <= 0.40 and ood < meta["eval_id_accuracy"], (ood, meta)
 
 
 def test_lora_trains_only_adapter(presets_dir):

@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test may 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "peers"
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+MIXES = {"tiny-s": "add", "tiny-m": "sub", "tiny-s-lora": "signed"}  # each honest peer's one part
 ROW_KEYS = ("round", "reward_mean", "loss", "local_groups", "external_groups", "filtered", "tokens_per_s", "gen_s",
             "train_s", "eval_accuracy", "rejected", "bytes_in", "bytes_out", "external_groups_by_peer",
             "rewards_overridden", "collect_s", "payload_bytes_out", "control_bytes_in", "control_bytes_out",
@@ -111,9 +112,10 @@ LIAR = textwrap.dedent('''
     from swarm_node.swarm import PeerInfo, SwarmNode
     from swarm_node.tasks.arithmetic import ArithmeticTask
 
-    model_dir, maddr, swarm_id, out, role = sys.argv[1:6]  # role: "liar", or "stale" (honest, but old)
+    model_dir, maddr, swarm_id, out, role = sys.argv[1:6]  # "liar", "stale" (honest, but old), "foreign"
     tok = AutoTokenizer.from_pretrained(model_dir)
     task = ArithmeticTask()
+    universe = "arithmetic-v1" if role == "foreign" else task.task_id  # foreign: a node of the previous universe
     fp = tokenizer_fingerprint(tok)
 
     def sample(text):
@@ -128,13 +130,14 @@ LIAR = textwrap.dedent('''
         if role == "liar":
             rewards = [1.0 - r_ for r_ in rewards]  # the lie: wrong=1, right=0
         batch = LocalRollouts(prompts, ids, samples, rewards).to_batch(
-            swarm_id=swarm_id, task_id=task.task_id, tokenizer_fp=fp, model_name=role, round_=r,
+            swarm_id=swarm_id, task_id=universe, tokenizer_fp=fp, model_name=role, round_=r,
             vocab_size=len(tok))
         return encode_batch(batch)
 
     cfg = SwarmConfig(enabled=True, swarm_id=swarm_id, initial_peers=[maddr],
                       host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, record_ttl_s=8.0)
-    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name=role, tokenizer_fp=fp, task_id=task.task_id)).start()
+    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name=role, tokenizer_fp=fp, task_id=universe),
+                     validate=None).start()  # publishes only
     open(out, "w").write(node.peer_id + "\\n")
     published = 0
     try:
@@ -177,7 +180,9 @@ def _all_shared(peers: list[Peer], rounds: int) -> bool:
 
 @pytest.fixture(scope="module")
 def swarm_run(presets, tmp_path_factory):
-    """Bootstrap + tiny-s, tiny-m, tiny-s LoRA + a lying and a stale peer; what the tests inspect.
+    """Bootstrap + tiny-s, tiny-m, tiny-s LoRA + a lying, a stale and a foreign-universe peer; what the tests
+    inspect. The three honest peers share the arithmetic universe with three different mixes: tiny-s samples
+    only add, tiny-m only sub, tiny-s-lora only the signed format.
 
     The exchange is asynchronous: nodes do not wait for each other, and a node that starts early may
     finish many rounds before a late one publishes. So the nodes run until stopped, and the fixture
@@ -189,15 +194,14 @@ def swarm_run(presets, tmp_path_factory):
     rounds = 8
     swarm_id = "mp-test"
     boot = start_bootstrap(tmp / "bootstrap", swarm_id)
-    ov = small(swarm_id, None, **{"swarm.max_peers_per_round": 3})
-    peers = [make_peer(tmp, "tiny-s", "tiny-s", ov), make_peer(tmp, "tiny-m", "tiny-m", ov),
-             make_peer(tmp, "tiny-s-lora", "tiny-s-lora", ov)]
+    ov = small(swarm_id, None, **{"swarm.max_peers_per_round": 3, "task.eval_split": "union"})
+    peers = [make_peer(tmp, name, name, {**ov, "task.mix": {part: 1}}) for name, part in MIXES.items()]
     (tmp / "liar.py").write_text(LIAR)
     liar_id_file, stale_id_file = tmp / "liar.id", tmp / "stale.id"
-    liar, stale = (subprocess.Popen(
+    liar, stale, foreign = (subprocess.Popen(
         [sys.executable, str(tmp / "liar.py"), str(presets / "tiny-s"), boot.maddrs[0], swarm_id, str(f), role],
         stdout=open(tmp / f"{role}.log", "w"), stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
-        for f, role in ((liar_id_file, "liar"), (stale_id_file, "stale")))
+        for f, role in ((liar_id_file, "liar"), (stale_id_file, "stale"), (tmp / "foreign.id", "foreign")))
     t0 = time.monotonic()
     try:
         for p in peers:
@@ -209,7 +213,7 @@ def swarm_run(presets, tmp_path_factory):
             time.sleep(1.0)
         codes = dict(zip([p.name for p in peers], stop_processes([p.proc for p in peers], grace_s=60), strict=True))
         elapsed = time.monotonic() - t0
-        liar_alive = liar.poll() is None and stale.poll() is None
+        liar_alive = liar.poll() is None and stale.poll() is None and foreign.poll() is None
         logs = "\n".join(log_tail(p) for p in peers) + "\n--- liar ---\n" + (tmp / "liar.log").read_text()[-3000:]
         logs += "\n--- stale ---\n" + (tmp / "stale.log").read_text()[-3000:]
         yield {"peers": peers, "codes": codes, "elapsed": elapsed, "rounds": rounds, "logs": logs,
@@ -219,6 +223,7 @@ def swarm_run(presets, tmp_path_factory):
     finally:
         stop_process(liar, grace_s=10)
         stop_process(stale, grace_s=10)
+        stop_process(foreign, grace_s=10)
         stop_all(peers, boot)
 
 
@@ -235,6 +240,22 @@ def test_every_node_completes_and_trains_on_both_others(swarm_run):
             key = f"{ids[other.name][-8:]}:{other.name}"
             assert seen.get(key, 0) > 0, (p.name, key, seen, swarm_run["logs"])
         assert sum(r["external_groups"] for r in rows[1:]) > 0, p.name
+
+
+def test_peers_with_other_mixes_share_and_another_universe_is_declined(swarm_run):
+    """Each honest peer samples only its own part, is scored on every part, trains on the others' parts (above:
+    groups from both other peers) and never declines them; the foreign-universe peer is declined at its
+    announcements (counted) and never trained on."""
+    for p in swarm_run["peers"]:
+        rows = read_metrics(p.metrics)
+        assert rows[0]["task_mix"] == {q: float(q == MIXES[p.name]) for q in ("add", "sub", "signed")}, rows[0]
+        evals = [r for r in rows if r.get("eval_accuracy") is not None]
+        assert evals and all(r["eval_n_parts"] == {"add": 17, "sub": 17, "signed": 16} for r in evals), evals[0]
+        assert all(set(r["eval_acc_parts"]) == {"add", "sub", "signed"} for r in evals)
+        refused = {k for r in rows[1:] for k in r["rejected"]}
+        assert not refused & {"task_mismatch", "unknown_prompt", "prompt_mismatch"}, (p.name, refused)
+        assert sum(r["declined"] for r in rows[1:]) > 0, (p.name, swarm_run["logs"])
+        assert not any(k.endswith(":foreign") for r in rows for k in r["external_groups_by_peer"]), p.name
 
 
 def test_metrics_rows_are_complete(swarm_run):
@@ -300,8 +321,9 @@ def test_killed_peer_does_not_stall_the_others(presets, tmp_path):
     swarm_id = "mp-kill"
     boot = start_bootstrap(tmp_path / "bootstrap", swarm_id)
     # enough rounds that the survivors are still running when the test (on a loaded box, polling late)
-    # has seen the victim's first round and killed it: async rounds of tiny-s take ~1 s
-    rounds = 12
+    # has seen the victim's first round and killed it: async rounds of tiny-s take ~1 s, and under load the
+    # victim, started last, logged its first round after the survivors' twelfth (2026-12-02)
+    rounds = 24
     ov = small(swarm_id, rounds, **{"swarm.collect_deadline_s": 5.0, "metrics.eval_every": 100})
     survivors = [make_peer(tmp_path, "tiny-s", "a", {**ov, "seed": 11}),
                  make_peer(tmp_path, "tiny-s-lora", "b", {**ov, "seed": 12})]
@@ -452,7 +474,7 @@ def test_stop_and_resume_from_state_dir(presets, tmp_path):
     node = GRPONode(cfg, peer.state_dir)
     fresh = {n: p.detach().clone() for n, p in node.loaded.model.named_parameters() if p.requires_grad}
     node.resume()
-    assert node.round == last
+    assert node.last_round == last
     saved = load_weights(ck.path)
     params = dict(node.loaded.model.named_parameters())
     assert set(saved) == set(fresh)

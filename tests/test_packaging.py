@@ -19,3 +19,31 @@ def test_every_subpackage_is_listed():
     assert cfg["package-dir"]["swarm_node.peers"] == "peers"
     assert "*.yaml" in cfg["package-data"]["swarm_node.peers"]
     assert (ROOT / "peers" / "tiny-s.yaml").is_file()
+
+
+def test_the_wheel_ships_no_fuzzer_or_test_builder(tmp_path):
+    """Build the wheel from a copy of the sources and list its files: the package, the peer configs, and
+    none of the test tooling (tests/tooling/: fuzzers, batch builders), which nothing installed imports."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for part in ("swarm_node", "peers", "tests"):  # tests/ too: it must stay out even when it is there
+        shutil.copytree(ROOT / part, src / part, ignore=ignore)
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / f, src / f)
+    out = tmp_path / "dist"
+    build = subprocess.run([sys.executable, "-c", "import sys, setuptools.build_meta as b; print(b.build_wheel(sys.argv[1]))",
+                            str(out)], cwd=src, capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    with zipfile.ZipFile(out / build.stdout.split()[-1]) as whl:
+        names = whl.namelist()
+        sources = {n: whl.read(n).decode() for n in names if n.endswith(".py")}
+    assert "swarm_node/swarm/node.py" in names and "swarm_node/peers/tiny-s.yaml" in names  # not vacuous
+    tooling = [n for n in names if re.search(r"fuzz|(^|/)batches\.py$|(^|/)tests/|adversary", n)]
+    assert tooling == [], tooling
+    assert [n for n, text in sources.items() if re.search(r"^\s*(from|import) tests\b", text, re.M)] == []

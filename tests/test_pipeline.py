@@ -39,7 +39,7 @@ def _run(tmp_path, pipeline: bool):
     real_step = node.trainer.step
 
     def recording_step(groups):
-        r = node.round + 1
+        r = node.last_round + 1
         before_step[r] = {k: v.detach().clone() for k, v in node.loaded.model.state_dict().items()}
         local_groups[r] = [g for g in groups if g.is_local]
         return real_step(groups)

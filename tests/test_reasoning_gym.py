@@ -75,8 +75,9 @@ def test_junk_ids_are_refused(mix, pid):
 
 @pytest.mark.parametrize("datasets, pattern", [
     (["no_such_dataset"], "unknown reasoning-gym dataset 'no_such_dataset'"),
-    ({"chain_sum": {"weight": 0}}, "weight must be a positive number"),
-    ({"chain_sum": {"weight": "heavy"}}, "weight must be a positive number"),
+    ({"chain_sum": {"weight": 0}}, "every weight is 0"),  # weight 0 alone: in the universe, nothing to sample
+    ({"chain_sum": {"weight": "heavy"}}, "weight must be a non-negative number"),
+    ({"chain_sum": {"weight": -1}}, "weight must be a non-negative number"),
     ({"chain_sum": {"config": {"no_such_option": 1}}}, "reasoning-gym refused the config"),
     ({"chain_sum": {"config": {"min_terms": 5, "max_terms": 2}}}, "reasoning-gym refused the config"),
     ({"chain_sum": {"wieght": 2}}, r"expected \{weight"),
@@ -118,8 +119,10 @@ def test_eval_reports_each_dataset(mix):
     model = build_model(PRESETS["tiny-s"], len(tok), tok.pad_token_id, tok.eos_token_id, seed=0)
     with torch.no_grad():
         res = evaluate(model, tok, mix, "id", 10, max_new_tokens=3)
-    assert set(res["by_dataset"]) == {"chain_sum", "gcd"}
-    assert sum(d["n"] for d in res["by_dataset"].values()) == res["n"] == 10
+    assert set(res["by_part"]) == {"chain_sum", "gcd"}
+    assert sum(d["n"] for d in res["by_part"].values()) == res["n"] == 10
+    union = sum(d["accuracy"] * d["n"] for d in res["by_part"].values()) / res["n"]
+    assert union == pytest.approx(res["accuracy"])
 
 
 @pytest.mark.slow
@@ -140,7 +143,7 @@ def test_a_node_trains_on_chain_sum_offline(presets_dir, tmp_path):
     rows = [plain.run_round() for _ in range(2)]
     # every prompt made a group: trained on, or skipped for equal rewards (the full question is at the floor)
     assert [r["local_groups"] + r["zero_advantage_groups"] for r in rows] == [8, 8]
-    assert set(plain.evaluate()["by_dataset"]) == {"chain_sum"}
+    assert set(plain.evaluate()["by_part"]) == {"chain_sum"}
 
     peers = load_config(Path(__file__).resolve().parents[1] / "peers" / "rg-tiny-s.yaml", [])
     node = GRPONode(cfg(peers.task.datasets), tmp_path / "short")
@@ -151,4 +154,4 @@ def test_a_node_trains_on_chain_sum_offline(presets_dir, tmp_path):
     assert any(not torch.equal(before[n], after[n].detach()) for n in before)
     ev = node.evaluate()
     # eval per dataset works on the trained model (8 problems after 3 rounds is too few to require a hit)
-    assert set(ev["by_dataset"]) == {"chain_sum"} and ev["n"] == 8 and ev["by_dataset"]["chain_sum"]["n"] == 8
+    assert set(ev["by_part"]) == {"chain_sum"} and ev["n"] == 8 and ev["by_part"]["chain_sum"]["n"] == 8

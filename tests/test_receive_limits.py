@@ -35,3 +35,27 @@ def test_limits_follow_own_round_size():
     with pytest.raises(ProtocolError) as exc:
         decode_batch(encode_batch(batch(2, 17, 5)), lim)
     assert exc.value.reason == "too_many_completions"
+
+
+def long_prompt_batch(groups: int, prompt_len: int) -> RolloutBatch:
+    b = batch(groups, 4, 8)
+    for gr in b.groups:
+        gr.prompt_ids = np.arange(prompt_len) % 90 + 3
+    return b
+
+
+def test_prompt_limits_follow_max_prompt_tokens():
+    """Chat prompts run longer than the tiny presets' "12+7=": the bound is the node's own prompt cap, for each
+    prompt and in the total, not a fixed 8192 / 512 per group."""
+    cfg = NodeConfig.model_validate({"task": {"prompts_per_round": 8}, "generation": {
+        "num_generations": 4, "max_new_tokens": 10, "max_prompt_tokens": 2000}})
+    lim = receive_limits(cfg)
+    decode_batch(encode_batch(long_prompt_batch(32, 2000)), lim)  # 4x our prompts, each at our cap: passes
+    with pytest.raises(ProtocolError) as exc:
+        decode_batch(encode_batch(long_prompt_batch(2, 2001)), lim)
+    assert exc.value.reason == "prompt_too_long"
+    short = receive_limits(cfg.model_copy(update={"generation": cfg.generation.model_copy(
+        update={"max_prompt_tokens": 64})}))
+    with pytest.raises(ProtocolError) as exc:
+        decode_batch(encode_batch(long_prompt_batch(2, 65)), short)
+    assert exc.value.reason == "prompt_too_long"

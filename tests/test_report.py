@@ -47,6 +47,24 @@ def test_report_on_a_single_node_state_dir(tmp_path, capsys):
     assert "| me | node | 12 |" in capsys.readouterr().out
 
 
+def test_report_lists_rejections_with_their_meaning_from_the_registry(tmp_path):
+    rows = grpo_rows(4)  # round 3 of these old-style rows counted `stale`, a reason gone from the registry
+    rows[2]["rejected"] = {"task_mismatch": 2, "protocol:schema": 1}
+    rows[4]["rejected"] = {"task_mismatch": 1, "params:not_finite": 1}
+    write_rows(tmp_path / "me", rows)
+    assert main(["report", str(tmp_path / "me")]) == 0
+    md = (tmp_path / "me" / "report.md").read_text()
+    table = md[md.index("## Rejections by reason"):]
+    assert "| `task_mismatch` | 3 | batch of another task |" in table  # most frequent first
+    assert table.index("task_mismatch") < table.index("protocol:schema")
+    assert "| `protocol:schema` | 1 | the wire decoder refused the batch (schema) |" in table
+    assert "| `params:not_finite` | 1 | a DPO parameter payload was refused: NaN or inf in a tensor |" in table
+    assert "| `stale` | 1 | not a reason of this version |" in table
+    write_rows(tmp_path / "clean", grpo_rows(4)[:3])
+    assert main(["report", str(tmp_path / "clean")]) == 0
+    assert "Rejections by reason" not in (tmp_path / "clean" / "report.md").read_text()
+
+
 def test_report_on_a_dpo_state_dir(tmp_path):
     rows = [{"round": r, "dpo_loss": 0.7 - 0.01 * r, "train_pref_acc": 0.5 + 0.02 * r, "bytes_sent": 10,
              "bytes_received": 20, "heldout_pref_acc": 0.5 + 0.03 * r if r % 2 == 0 else None} for r in range(6)]
@@ -93,3 +111,41 @@ def test_report_on_a_real_run_state_dir(presets_dir, tmp_path):
     assert rep.returncode == 0, rep.stderr
     assert (state / "reward.png").is_file() and (state / "accuracy.png").is_file()
     assert json.loads((state / "report.json").read_text())["arms"]["node"]["me"]["rounds"] == 3
+
+
+def part_rows(n: int, acc: dict[str, float], gain: dict[str, float], hits: str, mix: dict) -> list[dict]:
+    """GRPO rows of a task with parts: eval every 5 rounds, per part, with the final eval's hits."""
+    rows = grpo_rows(n)
+    rows[0].update(eval_acc_parts=dict(acc), eval_n_parts={k: 4 for k in acc}, task_mix=mix, eval_n=len(hits))
+    for r in rows[1:]:
+        if r["eval_accuracy"] is not None:
+            r["eval_acc_parts"] = {k: v + gain[k] * r["round"] / n for k, v in acc.items()}
+            r["eval_n_parts"] = {k: 4 for k in acc}
+            r["eval_n"] = len(hits)
+            r["eval_hits"] = hits
+            r["eval_accuracy"] = hits.count("1") / len(hits)
+    return rows
+
+
+def test_report_per_part_and_gain_over_alone(tmp_path):
+    """A demo dir whose task has parts: a per-part table and plot, and the swarm's gain over alone with its
+    paired SE (the same 12 problems; the swarm gets 4 more right and 1 fewer)."""
+    acc = {"add": 0.25, "sub": 0.25, "signed": 0.0}
+    alone = "110000110000"
+    swarm = "111101010001"  # 4 more right, 1 fewer: gain 3/12
+    write_rows(tmp_path / "alone" / "tiny-s", part_rows(10, acc, {"add": 0.2, "sub": 0, "signed": 0}, alone,
+                                                        {"add": 1.0, "sub": 0.0, "signed": 0.0}))
+    write_rows(tmp_path / "swarm" / "tiny-s", part_rows(10, acc, {"add": 0.2, "sub": 0.1, "signed": 0.3}, swarm,
+                                                        {"add": 1.0, "sub": 0.0, "signed": 0.0}))
+    assert main(["report", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    g = report["gain_over_alone"]["tiny-s"]
+    d = np.array([int(a) - int(b) for a, b in zip(swarm, alone, strict=True)])
+    assert g["paired"] and g["gain"] == pytest.approx(3 / 12)
+    assert g["se"] == pytest.approx(d.std(ddof=1) / np.sqrt(12)) and g["verdict"] == "cannot tell"
+    s = report["arms"]["swarm"]["tiny-s"]
+    assert s["end_accuracy_parts"] == pytest.approx({"add": 0.45, "sub": 0.35, "signed": 0.3})
+    md = (tmp_path / "report.md").read_text()
+    assert f"| +0.250 +- {g['se']:.3f} (cannot tell) |" in md and "gain over alone" in md
+    assert "| tiny-s | swarm | add | 0.250 -> 0.450 | 0.250 -> 0.350 | 0.000 -> 0.300 |" in md, md
+    assert (tmp_path / "accuracy_parts.png").stat().st_size > 0

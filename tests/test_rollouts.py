@@ -1,4 +1,4 @@
-"""admit_batch: what a node trains on from a peer's batch (no network, no trained model).
+"""peer_groups: what a node trains on from a peer's batch (no network, no trained model).
 
 The swarm's safety rests here: rewards are recomputed locally (a lying peer changes nothing), and a batch
 or group this node cannot verify is declined with a counted reason instead of crashing the round.
@@ -15,7 +15,7 @@ import pytest
 from swarm_node.generation.base import Sample
 from swarm_node.models.factory import build_tokenizer
 from swarm_node.models.loading import tokenizer_fingerprint
-from swarm_node.node.rollouts import Expectations, LocalRollouts, admit_batch, score
+from swarm_node.node.rollouts import Expectations, LocalRollouts, peer_groups, score
 from swarm_node.protocol import RolloutBatch, decode_batch, encode_batch
 from swarm_node.tasks.arithmetic import ArithmeticTask
 
@@ -75,8 +75,8 @@ def test_local_rewards_mix_right_and_wrong(tok, task):
 
 def test_lying_peer_changes_nothing(tok, task, expect):
     local = _local(tok, task)
-    honest = admit_batch(_batch(local, tok, task), "peerA", task, tok, expect)
-    lying = admit_batch(_invert(_batch(local, tok, task)), "peerB", task, tok, expect)
+    honest = peer_groups(_batch(local, tok, task), "peerA", task, tok, expect)
+    lying = peer_groups(_invert(_batch(local, tok, task)), "peerB", task, tok, expect)
     assert not honest.rejected and not lying.rejected
     assert honest.rewards_changed == 0
     n_completions = sum(len(s) for s in local.samples)
@@ -94,7 +94,7 @@ def test_lying_peer_changes_nothing(tok, task, expect):
 def test_trusted_peer_rewards_are_used_as_claimed(tok, task, expect):
     local = _local(tok, task)
     trusting = dataclasses.replace(expect, trust_peer_rewards=True)
-    adm = admit_batch(_invert(_batch(local, tok, task)), "peerB", task, tok, trusting)
+    adm = peer_groups(_invert(_batch(local, tok, task)), "peerB", task, tok, trusting)
     assert adm.rewards_changed == 0
     for g, want in zip(adm.groups, local.rewards, strict=True):
         np.testing.assert_array_equal(g.rewards, 1.0 - want)
@@ -104,7 +104,7 @@ def test_partial_lies_are_counted(tok, task, expect):
     batch = _batch(_local(tok, task), tok, task)
     g0 = batch.groups[0]
     g0.completions[1] = dataclasses.replace(g0.completions[1], reward=1.0)  # one wrong answer claimed right
-    adm = admit_batch(batch, "p", task, tok, expect)
+    adm = peer_groups(batch, "p", task, tok, expect)
     assert adm.rewards_changed == 1
     assert adm.groups[0].rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
 
@@ -117,7 +117,7 @@ def test_partial_lies_are_counted(tok, task, expect):
 ])
 def test_mismatched_batch_is_declined_whole(tok, task, expect, field, value, reason):
     batch = dataclasses.replace(_batch(_local(tok, task), tok, task), **{field: value})
-    adm = admit_batch(batch, "p", task, tok, expect)
+    adm = peer_groups(batch, "p", task, tok, expect)
     assert adm.groups == []
     assert dict(adm.rejected) == {reason: 1}
     assert adm.rewards_changed == 0
@@ -132,7 +132,7 @@ def test_bad_groups_are_declined_one_by_one(tok, task, expect):
                                prompt_ids=np.asarray(tok(held_out.text, add_special_tokens=False)["input_ids"]))
     g[2] = dataclasses.replace(g[2], prompt_ids=np.asarray(tok("1+1=", add_special_tokens=False)["input_ids"]))
     g[3] = dataclasses.replace(g[3], completions=g[3].completions[:1])      # GRPO needs >= 2 per group
-    adm = admit_batch(batch, "p", task, tok, expect)
+    adm = peer_groups(batch, "p", task, tok, expect)
     assert dict(adm.rejected) == {"unknown_prompt": 2, "prompt_mismatch": 1, "group_too_small": 1}
     assert len(adm.groups) == 2
     kept_ids = [list(x.prompt_ids) for x in adm.groups]
@@ -142,12 +142,12 @@ def test_bad_groups_are_declined_one_by_one(tok, task, expect):
 def test_smaller_vocab_is_accepted(tok, task, expect):
     """A peer whose embedding is smaller (ids all in range) is still usable: only larger vocabularies fail."""
     batch = dataclasses.replace(_batch(_local(tok, task), tok, task), vocab_size=len(tok) - 1)
-    adm = admit_batch(batch, "p", task, tok, expect)
+    adm = peer_groups(batch, "p", task, tok, expect)
     assert not adm.rejected and len(adm.groups) == len(batch.groups)
 
 
 def test_wire_round_trip_preserves_ids_and_logprobs(tok, task, expect):
-    """Real samples from a random tiny model: to_batch -> encode -> decode -> admit_batch."""
+    """Real samples from a random tiny model: to_batch -> encode -> decode -> peer_groups."""
     import torch
 
     from swarm_node.generation.hf import TransformersGenerator
@@ -164,7 +164,7 @@ def test_wire_round_trip_preserves_ids_and_logprobs(tok, task, expect):
     wire = encode_batch(_batch(local, tok, task))
     decoded = decode_batch(wire)
     assert decoded.round == 3 and decoded.model_name == "peer"
-    adm = admit_batch(decoded, "p", task, tok, expect)
+    adm = peer_groups(decoded, "p", task, tok, expect)
     assert not adm.rejected and adm.rewards_changed == 0
     mine = local.train_groups()
     assert len(adm.groups) == len(mine)
@@ -181,7 +181,7 @@ def test_wire_round_trip_preserves_ids_and_logprobs(tok, task, expect):
 def test_repeated_group_counts_once(tok, task, expect):
     batch = _batch(_local(tok, task), tok, task)
     batch = dataclasses.replace(batch, groups=batch.groups + [batch.groups[0]] * 5)
-    adm = admit_batch(batch, "p", task, tok, expect)
+    adm = peer_groups(batch, "p", task, tok, expect)
     assert len(adm.groups) == 4
     assert adm.rejected["duplicate_group"] == 5
 
@@ -193,7 +193,7 @@ def test_a_prompt_drawn_twice_is_shared_once(tok, task, expect):
                           local.samples + local.samples[:1], local.rewards + local.rewards[:1])
     batch = _batch(twice, tok, task)
     assert [g.prompt_id for g in batch.groups] == [p.id for p in local.prompts]
-    adm = admit_batch(batch, "p", task, tok, expect)
+    adm = peer_groups(batch, "p", task, tok, expect)
     assert len(adm.groups) == 4 and not adm.rejected
 
 
@@ -204,6 +204,6 @@ def test_trusted_reward_that_overflows_float32_is_declined(tok, task, expect):
     trusting = dataclasses.replace(expect, trust_peer_rewards=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # refused by the range check, not after an overflowing float32 cast
-        adm = admit_batch(batch, "p", task, tok, trusting)
+        adm = peer_groups(batch, "p", task, tok, trusting)
     assert adm.rejected["reward_out_of_range"] == 1
     assert len(adm.groups) == 3 and all(np.isfinite(g.rewards).all() for g in adm.groups)

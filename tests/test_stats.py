@@ -51,3 +51,24 @@ def test_paired_difference_compares_two_arms_seed_by_seed():
     assert d == pytest.approx(0.1) and v == "higher"
     assert se == pytest.approx(combined_se([paired_se(a["hits"], b["hits"]) for a, b in pairs], [0.1] * 3))
     assert paired_difference([(b, a) for a, b in pairs], "acc", "hits")[2] == "lower"
+
+
+def test_linear_contrast_weighs_paired_runs():
+    """'gain - half another gain' per problem: a end +1, a start -1/2, b end -1/2 over the same problems."""
+    from swarm_node.runs.stats import linear_contrast
+
+    rng = np.random.default_rng(2)
+    seeds = []
+    for _ in range(3):
+        start = rng.random(300) < 0.2
+        b = start.copy()
+        b[np.flatnonzero(~start)[:30]] = True   # b gains 0.1
+        a = start.copy()
+        a[np.flatnonzero(~start)[:15]] = True   # a gains 0.05: exactly half of b's
+        seeds.append([(1.0, a, a.mean()), (-0.5, start, start.mean()), (-0.5, b, b.mean())])
+    d, se, v = linear_contrast(seeds)
+    assert d == pytest.approx(0.0, abs=1e-12) and v == "cannot tell" and se > 0
+    seeds[0][0] = (1.0, seeds[0][1][1], seeds[0][1][2])  # seed 0: a gains nothing
+    assert linear_contrast(seeds)[0] == pytest.approx(-0.05 / 3)
+    with pytest.raises(ValueError, match="differ in length"):
+        linear_contrast([[(1.0, [True], 1.0), (-1.0, [True, False], 0.5)]])

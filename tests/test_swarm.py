@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,8 +20,7 @@ from hivemind.p2p import P2P
 
 from swarm_node.config import SwarmConfig
 from swarm_node.errors import UserFacingError
-from swarm_node.swarm import MemberRecord, PeerInfo, SwarmNode
-from swarm_node.swarm import records as R
+from swarm_node.swarm import MemberRecord, PeerInfo, SwarmNode, keep_raw, records
 
 pytestmark = pytest.mark.timeout(180)
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
@@ -36,7 +36,7 @@ def _cfg(**kw) -> SwarmConfig:
 def _key(tmp_path: Path, name: str):
     path = tmp_path / name
     P2P.generate_identity(str(path))
-    return R.load_identity_key(str(path))
+    return records.load_identity_key(str(path))
 
 
 def _member(peer_id: str, **kw) -> dict:
@@ -47,7 +47,7 @@ def _member(peer_id: str, **kw) -> dict:
 
 def _record(subkey: bytes, value: dict, swarm: str = "sw") -> DHTRecord:
     return DHTRecord(
-        key=DHTID.generate(source=R.members_key(swarm)).to_bytes(),
+        key=DHTID.generate(source=records.members_key(swarm)).to_bytes(),
         subkey=DHTProtocol.serializer.dumps(subkey),
         value=DHTProtocol.serializer.dumps(value),
         expiration_time=time.time() + 60,
@@ -59,11 +59,11 @@ def _record(subkey: bytes, value: dict, swarm: str = "sw") -> DHTRecord:
 
 def test_only_the_owner_can_write_its_record(tmp_path):
     alice, mallory = _key(tmp_path, "a"), _key(tmp_path, "m")
-    alice_sub = R.subkey_for(alice)
-    alice_id = R.peer_id_of_subkey(alice_sub)
-    stored_by_alice, stored_by_mallory = CompositeValidator(R.make_validators("sw", alice)), CompositeValidator(
-        R.make_validators("sw", mallory))
-    checker = CompositeValidator(R.make_validators("sw", _key(tmp_path, "c")))
+    alice_sub = records.subkey_for(alice)
+    alice_id = records.peer_id_of_subkey(alice_sub)
+    stored_by_alice, stored_by_mallory = CompositeValidator(records.make_validators("sw", alice)), CompositeValidator(
+        records.make_validators("sw", mallory))
+    checker = CompositeValidator(records.make_validators("sw", _key(tmp_path, "c")))
 
     good = _record(alice_sub, _member(alice_id))
     assert checker.validate(DHTRecord(good.key, good.subkey, stored_by_alice.sign_value(good), good.expiration_time))
@@ -78,22 +78,22 @@ def test_only_the_owner_can_write_its_record(tmp_path):
 
 def test_schema_rejects_malformed_member_record(tmp_path):
     alice = _key(tmp_path, "a")
-    signer = CompositeValidator(R.make_validators("sw", alice))
-    bad = _record(R.subkey_for(alice), _member("x", round="3"))  # a str where a strict int is required
+    signer = CompositeValidator(records.make_validators("sw", alice))
+    bad = _record(records.subkey_for(alice), _member("x", round="3"))  # a str where a strict int is required
     assert not signer.validate(DHTRecord(bad.key, bad.subkey, signer.sign_value(bad), bad.expiration_time))
 
 
 def test_record_claiming_another_peer_id_is_dropped(tmp_path):
     alice, mallory = _key(tmp_path, "a"), _key(tmp_path, "m")
-    alice_id = R.peer_id_of_subkey(R.subkey_for(alice))
+    alice_id = records.peer_id_of_subkey(records.subkey_for(alice))
 
     class Item:
         def __init__(self, value):
             self.value = value
 
-    value = {R.subkey_for(mallory): Item(_member(alice_id)), R.subkey_for(alice): Item(_member(alice_id))}
-    records, problems = R.parse_signed(value, MemberRecord)
-    assert list(records) == [alice_id]
+    value = {records.subkey_for(mallory): Item(_member(alice_id)), records.subkey_for(alice): Item(_member(alice_id))}
+    found, problems = records.parse_signed(value, MemberRecord)
+    assert list(found) == [alice_id]
     assert len(problems) == 1 and "claims peer" in problems[0][1]
 
 
@@ -106,7 +106,7 @@ def _closed_port() -> int:
 @pytest.mark.slow  # starts a DHT or a subprocess
 def test_unreachable_bootstrap_names_the_addresses():
     addr = f"/ip4/127.0.0.1/tcp/{_closed_port()}/p2p/QmXfptdHU6hqG95JswxYVUH4bphcK8y18mhFcgUQFe6fCN"
-    node = SwarmNode(_cfg(initial_peers=[addr], bootstrap_retries=1, bootstrap_timeout_s=3.0), INFO)
+    node = SwarmNode(_cfg(initial_peers=[addr], bootstrap_retries=1, bootstrap_timeout_s=3.0), INFO, validate=keep_raw)
     t0 = time.monotonic()
     with pytest.raises(UserFacingError) as err:
         node.start()
@@ -119,8 +119,8 @@ def test_unreachable_bootstrap_names_the_addresses():
 
 @pytest.fixture
 def pair(tmp_path):
-    a = SwarmNode(_cfg(identity_path=str(tmp_path / "a" / "id.key")), INFO).start()
-    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs(), max_batch_bytes=1 << 20), INFO).start()
+    a = SwarmNode(_cfg(identity_path=str(tmp_path / "a" / "id.key")), INFO, validate=keep_raw).start()
+    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs(), max_batch_bytes=1 << 20), INFO, validate=keep_raw).start()
     yield a, b
     b.close()
     a.close()
@@ -138,10 +138,10 @@ def _wait(pred, timeout=15.0):
 @pytest.mark.slow
 def test_identity_file_keeps_peer_id(tmp_path):
     path = tmp_path / "deep" / "dir" / "id.key"
-    with SwarmNode(_cfg(identity_path=str(path)), INFO) as node:
+    with SwarmNode(_cfg(identity_path=str(path)), INFO, validate=keep_raw) as node:
         first = node.peer_id
     assert path.is_file()
-    with SwarmNode(_cfg(identity_path=str(path)), INFO) as node:
+    with SwarmNode(_cfg(identity_path=str(path)), INFO, validate=keep_raw) as node:
         assert node.peer_id == first
         assert node.visible_maddrs()[0].endswith("/p2p/" + first)
 
@@ -151,16 +151,16 @@ def test_forged_dht_writes_are_refused(pair):
     a, b = pair
     assert _wait(lambda: {a.peer_id, b.peer_id} <= {m.peer_id for m in b.live_peers()})
     a.publish("batch", 0, b"a" * 2000)
-    members = R.members_key(a.cfg.swarm_id)
+    members = records.members_key(a.cfg.swarm_id)
     forged = _member(a.peer_id, model_name="evil", updated=time.time())
-    assert b._dht.store(members, forged, time.time() + 30, subkey=a._subkey) is False
+    assert b.dht.child.store(members, forged, time.time() + 30, subkey=a.dht.subkey) is False
     ann = {"peer_id": a.peer_id, "updated": time.time(), "blobs": [{"round": 0, "size": 1, "sha256": "0" * 64}]}
-    assert b._dht.store(R.blobs_key(a.cfg.swarm_id, "batch"), ann, time.time() + 30, subkey=a._subkey) is False
+    assert b.dht.child.store(records.blobs_key(a.cfg.swarm_id, "batch"), ann, time.time() + 30, subkey=a.dht.subkey) is False
     seen = {m.peer_id: m for m in b.live_peers()}
     assert seen[a.peer_id].model_name == "tiny-s"
     # batch announcements reach the DHT at heartbeat rate (peers learn of them by push)
-    assert _wait(lambda: a.peer_id in b._read_announcements("batch"))
-    assert b._read_announcements("batch")[a.peer_id].blobs[0].size == 2000
+    assert _wait(lambda: a.peer_id in b.membership.read_announcements("batch"))
+    assert b.membership.read_announcements("batch")[a.peer_id].blobs[0].size == 2000
 
 
 @pytest.mark.slow
@@ -169,38 +169,40 @@ def test_refusals_and_recovery_after_sigkill(pair):
     limit = b.cfg.max_batch_bytes
     # announced size over the receiver's limit: refused before any stream is opened
     a.publish("batch", 0, os.urandom(limit + 1))
-    assert b.collect("batch", 0, k=2, staleness=0, deadline_s=5) == []
+    assert b.receive(2, lockstep=True, round=0, staleness=0, deadline_s=5).batches == []
     assert b.stats()["rejected"].get("too_large") == 1 and b.stats()["bytes_in"] == 0
     # announced small, streamed large: refused from the stream's length header, body unread
     # (the receiver downloads as soon as the announcement is pushed, so the bad bytes are in place first)
-    real = a._lookup
-    a._lookup = lambda kind, r: os.urandom(limit + 10) if r == 1 else real(kind, r)
+    real = a.blobs.payload  # what a serves, swapped below for bytes that break its announcement
+    a.blobs.payload = lambda kind, r: os.urandom(limit + 10) if r == 1 else real(kind, r)
     a.publish("batch", 1, os.urandom(100))
-    assert b.collect("batch", 1, k=2, staleness=0, deadline_s=5) == []
+    assert b.receive(2, lockstep=True, round=1, staleness=0, deadline_s=5).batches == []
     assert b.stats()["rejected"]["too_large"] == 2 and b.stats()["bytes_in"] == 0
     # wrong digest
-    a._lookup = lambda kind, r: b"y" * 5000 if r == 2 else real(kind, r)
+    a.blobs.payload = lambda kind, r: b"y" * 5000 if r == 2 else real(kind, r)
     a.publish("batch", 2, b"x" * 5000)
-    assert b.collect("batch", 2, k=2, staleness=0, deadline_s=5) == []
+    assert b.receive(2, lockstep=True, round=2, staleness=0, deadline_s=5).batches == []
     assert b.stats()["rejected"].get("digest_mismatch") == 1
-    a._lookup = real
-    # a declining filter downloads nothing
+    a.blobs.payload = real
+    # a declining filter takes nothing (the batch stays buffered for a filter that accepts it)
     a.publish("batch", 3, b"ok" * 100)
-    assert b.collect("batch", 3, k=2, staleness=0, deadline_s=3, accept=lambda m: m.task_id == "other") == []
+    # (the batch must be buffered first: a filter that accepts nobody does not wait for it)
+    assert _wait(lambda: b.intake.count_ready(min_round=3) == 1)
+    assert b.receive(2, lockstep=True, round=3, staleness=0, deadline_s=3, accept=lambda m: m.task_id == "other").batches == []
     assert b.stats()["declined"] >= 1
-    got = b.collect("batch", 3, k=2, staleness=0, deadline_s=5, accept=lambda m: m.task_id == "arithmetic")
+    got = b.receive(2, lockstep=True, round=3, staleness=0, deadline_s=5, accept=lambda m: m.task_id == "arithmetic").batches
     assert [(r.peer_id, r.round, r.payload) for r in got] == [(a.peer_id, 3, b"ok" * 100)]
     assert got[0].member is not None and got[0].member.model_name == "tiny-s"
-    assert b.collect("batch", 3, k=2, staleness=0, deadline_s=1) == []  # already consumed
+    assert b.receive(2, lockstep=True, round=3, staleness=0, deadline_s=1).batches == []  # already consumed
 
     # the DHT child dies: the node restarts it and keeps exchanging
     t0 = time.monotonic()
-    os.kill(b._dht.pid, signal.SIGKILL)
+    os.kill(b.dht.child.pid, signal.SIGKILL)
     assert _wait(lambda: b.stats()["dht_restarts"] == 1, timeout=30)
     recovery_s = time.monotonic() - t0
     payload = os.urandom(300_000)
     a.publish("batch", 4, payload)
-    got = b.collect("batch", 4, k=2, staleness=0, deadline_s=15)
+    got = b.receive(2, lockstep=True, round=4, staleness=0, deadline_s=15).batches
     assert [r.payload for r in got] == [payload]
     b.publish("params", 4, b"p" * 1000)
     assert a.fetch("params", b.peer_id, 4, deadline_s=15) == b"p" * 1000
@@ -209,10 +211,10 @@ def test_refusals_and_recovery_after_sigkill(pair):
 
 
 @pytest.mark.slow
-def test_collect_retries_a_dropped_stream(tmp_path):
+def test_receive_retries_a_dropped_stream(tmp_path):
     """A peer whose stream closes before replying (twice) is tried again within the deadline."""
-    a = SwarmNode(_cfg(), INFO)
-    real, drops = a._lookup, {"left": 2}
+    a = SwarmNode(_cfg(), INFO, validate=keep_raw)
+    real, drops = a.blobs.payload, {"left": 2}
 
     def dropping(kind: str, round_: int):
         if drops["left"] > 0:
@@ -220,15 +222,15 @@ def test_collect_retries_a_dropped_stream(tmp_path):
             raise ConnectionResetError  # the serving side closes the stream without a reply
         return real(kind, round_)
 
-    a._lookup = dropping  # the stream handler is bound at start()
+    a.blobs.payload = dropping  # what the stream handler serves
     a.start()
-    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs()), INFO).start()
+    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs()), INFO, validate=keep_raw).start()
     try:
         with pytest.raises(RuntimeError, match="twice"):
             a.start()  # a second start would leak a whole DHT and event loop
         payload = os.urandom(50_000)
         a.publish("batch", 0, payload)
-        got = b.collect("batch", 0, k=1, staleness=0, deadline_s=15)
+        got = b.receive(1, lockstep=True, round=0, staleness=0, deadline_s=15).batches
         assert [r.payload for r in got] == [payload]
         assert drops["left"] == 0 and b.stats()["rejected"] == {"stream_error": 2}  # each drop still counted
     finally:
@@ -236,22 +238,64 @@ def test_collect_retries_a_dropped_stream(tmp_path):
         a.close()
 
 
+def test_a_joining_node_waits_for_peers_that_start_later(tmp_path):
+    """A node faster to start than its peers: its first round (joining=True) reads membership again until a
+    peer shows up, then waits for that peer's first batch, within one deadline. Without joining, a round
+    that finds nobody live returns at once (the demo's fast-machine failure: a peer trained two rounds on
+    its own groups only)."""
+    boot = SwarmNode(_cfg(), PeerInfo("grpo", "boot", "tok1", "other-task"), validate=keep_raw).start()
+    ours = lambda m: m.task_id == "arithmetic"  # noqa: E731  (the bootstrap's record is not a peer we take)
+    b = SwarmNode(_cfg(initial_peers=boot.visible_maddrs()), INFO, validate=keep_raw, accept=ours).start()
+    late: list[SwarmNode] = []
+    payload = os.urandom(20_000)
+
+    def start_late_peer(publish: bool = True) -> None:
+        time.sleep(2.0)
+        c = SwarmNode(_cfg(initial_peers=boot.visible_maddrs()), INFO, validate=keep_raw).start()
+        late.append(c)
+        if publish:
+            c.set_round(1)
+            c.publish("batch", 1, payload)
+
+    try:
+        t0 = time.monotonic()
+        assert b.receive(2, accept=ours, lockstep=True, round=1, staleness=1, deadline_s=10).batches == []
+        assert time.monotonic() - t0 < 2.0  # nobody live: nothing to wait for
+        starter = threading.Thread(target=start_late_peer)
+        starter.start()
+        got = b.receive(2, accept=ours, lockstep=True, joining=True, round=1, staleness=1, deadline_s=20)
+        starter.join()
+        assert [r.payload for r in got.batches] == [payload]
+        assert got.waited_s >= 2.0
+        # swarm.wait_for_peers (before a GRPO node's first round): until that many others are live, or timeout
+        t0 = time.monotonic()
+        assert b.wait_for_peers(2, timeout_s=1.5) == 1 and time.monotonic() - t0 >= 1.5
+        starter = threading.Thread(target=start_late_peer, args=(False,))
+        starter.start()
+        t0 = time.monotonic()
+        assert b.wait_for_peers(2, timeout_s=30) == 2 and 2.0 <= time.monotonic() - t0 < 20  # not its timeout
+        starter.join()
+    finally:
+        for n in (*late, b, boot):
+            n.close()
+
+
 # ---- a real multi-process swarm through the CLI bootstrap ----
 
 NODE_SCRIPT = r"""
 import hashlib, json, os, sys
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode
+from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
 idx, boot, ident = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 cfg = SwarmConfig(enabled=True, swarm_id="t", initial_peers=[boot], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                   identity_path=ident, heartbeat_s=1.0)
-node = SwarmNode(cfg, PeerInfo("grpo", f"m{idx}", "tok", "arith")).start()
+node = SwarmNode(cfg, PeerInfo("grpo", f"m{idx}", "tok", "arith"), validate=keep_raw).start()
 payload = os.urandom(3 * 2**20 if idx == 0 else 200_000 + idx)
 node.set_round(1)
 node.publish("batch", 1, payload)
 print(json.dumps({"peer_id": node.peer_id, "sha": hashlib.sha256(payload).hexdigest()}), flush=True)
 sys.stdin.readline()  # go
-got = node.collect("batch", 1, k=2, staleness=1, deadline_s=30)
+got = node.receive(2, lockstep=True, round=1, staleness=1, deadline_s=30).batches
 print(json.dumps({"got": {r.peer_id: hashlib.sha256(r.payload).hexdigest() for r in got}, "stats": node.stats()}), flush=True)
 sys.stdin.readline()  # quit
 node.close()

@@ -20,8 +20,8 @@ import sys, time
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import PeerInfo, SwarmNode
 node = SwarmNode(SwarmConfig(enabled=True, swarm_id="orphans", host_maddrs=["/ip4/127.0.0.1/tcp/0"]),
-                 PeerInfo(mode="grpo", model_name="m", tokenizer_fp="fp", task_id="t")).start()
-print(node._dht.pid, flush=True)
+                 PeerInfo(mode="grpo", model_name="m", tokenizer_fp="fp", task_id="t"), validate=None).start()
+print(node.dht.child.pid, flush=True)
 time.sleep(600)
 """
 

@@ -369,7 +369,7 @@ def test_gsm8k_missing_and_binary_files(tmp_path: Path) -> None:
 # --- registry -----------------------------------------------------------------------------------
 def test_get_task() -> None:
     t = get_task(TaskConfig())
-    assert isinstance(t, Task) and t.task_id == "arithmetic-v1"
+    assert isinstance(t, Task) and t.task_id == "arithmetic-v2"
     g = get_task(TaskConfig(name="gsm8k", data_path=str(DATA)))
     assert isinstance(g, GSM8KTask) and g.task_id.startswith("gsm8k-")
     with pytest.raises(UserFacingError, match="data_path"):

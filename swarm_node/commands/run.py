@@ -28,11 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from swarm_node.commands import _preflight as check
     from swarm_node.config import load_config
 
     overrides = list(args.overrides)
     if args.initial_peers_file is not None:
-        args.initial_peers = list(args.initial_peers or []) + _read_peers_file(args.initial_peers_file)
+        args.initial_peers = list(args.initial_peers or []) + check.read_peers_file(args.initial_peers_file, 120.0)
     if args.initial_peers is not None:
         overrides.append("swarm.enabled=true")
         overrides.append("swarm.initial_peers=" + repr(list(args.initial_peers)).replace("'", '"'))
@@ -40,6 +41,10 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"metrics.prometheus_port={args.metrics_port}")
     cfg = load_config(args.config, overrides)
     args.state_dir = preflight(cfg, args.state_dir)
+    if cfg.threads is not None:  # before any model code runs; wins over OMP_NUM_THREADS (the demo's default 1)
+        import torch
+
+        torch.set_num_threads(cfg.threads)
     if cfg.mode == "dpo":
         from swarm_node.node.dpo_node import run_dpo_node
 
@@ -59,23 +64,12 @@ def preflight(cfg: NodeConfig, state_dir: Path) -> Path:
     if m.prometheus_port:
         check.port_free(m.prometheus_port, m.prometheus_host, "metrics.prometheus_port (--metrics-port)")
     check_installed(m.report_to)
+    if cfg.mode == "grpo":
+        from swarm_node.tasks import check_mix
+
+        check_mix(cfg.task)
     if cfg.swarm.enabled:
         check.peer_addresses(cfg.swarm.initial_peers, "swarm.initial_peers entry")
         check.listen_ports_free(cfg.swarm.host_maddrs, "swarm.host_maddrs")
         check.lock_identity(cfg.swarm.identity_path)
     return state_dir
-
-
-def _read_peers_file(path: Path, wait_s: float = 120.0) -> list[str]:
-    import time
-
-    from swarm_node.errors import UserFacingError
-
-    end = time.monotonic() + wait_s
-    while time.monotonic() < end:
-        if path.is_file():
-            peers = [ln.strip() for ln in path.read_text().splitlines() if ln.strip().startswith("/")]
-            if peers:
-                return peers
-        time.sleep(1.0)
-    raise UserFacingError(f"no multiaddrs in {path} after {wait_s:.0f}s (is the bootstrap peer running?)")

@@ -1,65 +1,81 @@
-"""`swarm-node status`: list the live members of a swarm (read-only: it registers nothing)."""
+"""`swarm-node status`: list the live members of a swarm (read-only: it registers nothing).
+
+With --wait-for N it keeps looking (one join, a DHT read every POLL_S) until N members are live at once, so a
+script or a container started beside the swarm needs no sleep that guesses how fast the machine is.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
+
+from swarm_node.dashboard.swarm_view import DEFAULT_SWARMS  # the same swarms the dashboard's swarm view reads
 
 NAME = "status"
 HELP = "list live peers of a swarm (from their signed membership heartbeats)"
-DEFAULT_SWARMS = ("default", "demo")  # swarm.swarm_id's default, and the id `swarm-node demo` and peers/*.yaml use
+POLL_S = 2.0  # between membership reads while waiting (a read is one small DHT lookup)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--initial-peers", nargs="+", required=True, help="bootstrap multiaddrs")
+    p.add_argument("--initial-peers", nargs="+", default=None, help="bootstrap multiaddrs")
+    p.add_argument("--initial-peers-file", type=Path, default=None,
+                   help="read bootstrap multiaddrs from this file (what `swarm-node bootstrap --maddrs-file` writes); "
+                   "waits up to --wait-s for it to appear")
     p.add_argument("--swarm", default=None,
                    help=f"swarm id (default: look at both {' and '.join(repr(s) for s in DEFAULT_SWARMS)}, "
                    "the config default and the demo's)")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.add_argument("--retries", type=int, default=2, help="join attempts after the first")
     p.add_argument("--timeout", type=float, default=15.0, help="seconds per join attempt")
+    p.add_argument("--wait-for", type=int, default=0, metavar="N",
+                   help="keep looking until at least N peers are live at once (counted over the swarms looked at), "
+                   "up to --wait-s; exit status 1 if fewer by then (default 0: look once)")
+    p.add_argument("--wait-s", type=float, default=300.0,
+                   help="how long --initial-peers-file and --wait-for wait, together (default 300)")
 
 
 def run(args: argparse.Namespace) -> int:
     from swarm_node.commands import _preflight as check
-    from swarm_node.config import SwarmConfig
-    from swarm_node.swarm.dht import ensure_identity, kill_dht, start_dht
-    from swarm_node.swarm.records import (
-        MemberRecord,
-        load_identity_key,
-        make_validators,
-        members_key,
-        parse_signed,
-    )
+    from swarm_node.dashboard.swarm_view import SwarmReader
+    from swarm_node.errors import UserFacingError
 
-    check.peer_addresses(args.initial_peers, "--initial-peers entry")
+    if args.wait_for < 0 or args.wait_s < 0:
+        raise UserFacingError("--wait-for and --wait-s take a count / seconds >= 0")
+    deadline = time.monotonic() + args.wait_s
+    peers = list(args.initial_peers or [])
+    if args.initial_peers_file is not None:
+        peers += check.read_peers_file(args.initial_peers_file, args.wait_s)
+    if not peers:
+        raise UserFacingError("status needs the bootstrap's address: --initial-peers MULTIADDR... or "
+                              "--initial-peers-file FILE (what `swarm-node bootstrap --maddrs-file` writes)")
+    check.peer_addresses(peers, "--initial-peers entry")
+
     swarm_ids = [args.swarm] if args.swarm else list(DEFAULT_SWARMS)
-    cfg = SwarmConfig(
-        enabled=True, swarm_id=swarm_ids[0], initial_peers=list(args.initial_peers),
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_mode=True, bootstrap_retries=max(args.retries, 0),
-        bootstrap_timeout_s=args.timeout,
-    )
-    identity, tmp, _ = ensure_identity(None)
-    key = load_identity_key(identity)
-    # signature validation is the same for every swarm; shapes are checked again by parse_signed per swarm
+    # hivemind (and torch under it) only once the arguments are known to be good: a mistake costs no wait
+    reader = SwarmReader(peers, swarm_ids, retries=args.retries, timeout_s=args.timeout)
     try:
-        dht = start_dht(cfg, identity, make_validators(cfg.swarm_id, key), check_identity=False)
-    except BaseException:
-        tmp.cleanup()
-        raise
-    found: dict[str, list] = {}
-    try:
-        for sid in swarm_ids:
-            value = dht.get(members_key(sid), latest=True)
-            members, _problems = parse_signed(value.value if value is not None else None, MemberRecord)
-            found[sid] = sorted(members.values(), key=lambda m: m.peer_id)
+        found = reader.members()
+        said = -1
+        while (live := sum(map(len, found.values()))) < args.wait_for and time.monotonic() < deadline:
+            if live != said:
+                print(f"status: {live} of {args.wait_for} peers live; looking again every {POLL_S:.0f}s for up "
+                      f"to {deadline - time.monotonic():.0f}s more", file=sys.stderr, flush=True)
+                said = live
+            time.sleep(min(POLL_S, max(deadline - time.monotonic(), 0.0)))
+            found = reader.members()
     finally:
-        kill_dht(dht)
-        tmp.cleanup()
+        reader.close()
+    live = sum(map(len, found.values()))
+    short = live < args.wait_for
+    if short:
+        print(f"status: only {live} of {args.wait_for} peers live after waiting {args.wait_s:.0f}s",
+              file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps([{"swarm_id": sid, **m.model_dump()} for sid, rows in found.items() for m in rows], indent=2))
-        return 0
+        return 1 if short else 0
     now = time.time()
     header = f"{'peer id':<48} {'mode':<5} {'model':<16} {'task':<12} {'round':>6} {'seen':>6}"
     for sid, rows in found.items():
@@ -77,4 +93,4 @@ def run(args: argparse.Namespace) -> int:
     if not args.swarm:
         print(f"(no --swarm given: looked at swarms {' and '.join(repr(s) for s in swarm_ids)}; "
               "pass --swarm ID for another)")
-    return 0
+    return 1 if short else 0

@@ -12,6 +12,12 @@ from typing import Any
 from swarm_node.errors import UserFacingError
 
 
+def chat_template_setting(chat_template: str, prompt_form: str = "bare") -> str:
+    """The template setting a node encodes with: a few-shot prompt is plain text, so "auto" means "off" for it
+    (the config refuses "on" with it). Recorded in checkpoints, so `swarm-node eval` encodes alike."""
+    return "off" if prompt_form == "fewshot" and chat_template == "auto" else chat_template
+
+
 class PromptEncoder:
     """`chat_template`: "auto" (the tokenizer's template if it has one), "on" (it must), "off", or a file."""
 

@@ -34,6 +34,7 @@ import torch
 
 from swarm_node.errors import UserFacingError
 from swarm_node.generation.base import Generator, Sample
+from swarm_node.generation.stops import stop_id_list
 
 log = logging.getLogger(__name__)
 
@@ -214,25 +215,11 @@ class VLLMGenerator(Generator):
 
     @stop_token_ids.setter
     def stop_token_ids(self, ids: Sequence[int]) -> None:
-        self._stop_list = [int(t) for t in ids]
-        if not self._stop_list:
-            raise ValueError("stop_token_ids must name at least one token (the EOS)")
+        self._stop_list = stop_id_list(ids)
         self._stops = set(self._stop_list)
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        num_generations: int,
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        greedy: bool = False,
-        seed: int | None = None,
-    ) -> list[list[Sample]]:
-        if not greedy and not temperature > 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
+    def _sample(self, prompts: list[list[int]], num_generations: int, *, max_new_tokens: int, temperature: float,
+                greedy: bool, seed: int | None) -> list[list[Sample]]:
         params = [
             self._vllm.SamplingParams(
                 n=num_generations,
@@ -251,9 +238,9 @@ class VLLMGenerator(Generator):
         ]
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
-        return [[self._sample(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
+        return [[self._completion_sample(c) for c in sorted(out.outputs, key=lambda c: c.index)] for out in outputs]
 
-    def _sample(self, completion: Any) -> Sample:
+    def _completion_sample(self, completion: Any) -> Sample:
         tokens = np.asarray(completion.token_ids, dtype=np.int64)
         logprobs = np.asarray(
             [step[int(t)].logprob for step, t in zip(completion.logprobs, tokens, strict=True)], dtype=np.float32

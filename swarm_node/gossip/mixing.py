@@ -1,8 +1,9 @@
 """Gossip and federated averaging math: x_i <- sum_j W_ij x_j over the payloads that arrived.
 
-The same functions serve the in-process simulation (tests) and the networked node, so what the tests
-measure is what runs. Neighbours that sent nothing or sent a bad payload are missing, and our row of the
-Metropolis-Hastings matrix is rebuilt on the live subgraph.
+The same functions serve the in-process simulation (tests, benchmarks) and the networked node, so what
+the tests measure is what runs. Neighbours that sent nothing, a bad payload, or (with a `RobustAverager`,
+gossip/robust.py) parameters it refuses are missing, and our row of the Metropolis-Hastings matrix is
+rebuilt on the live subgraph; with it, the accepted neighbours are clipped before they are averaged.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from swarm_node.gossip.payload import PayloadError, decode_params
+from swarm_node.gossip.robust import RobustAverager
 from swarm_node.gossip.topology import mixing_matrix_from_adjacency
 
 log = logging.getLogger(__name__)
@@ -65,13 +67,14 @@ def combine(weights: dict[str, float], params: dict[str, Sequence[torch.Tensor]]
 
 
 def consensus_distance(own: Sequence[torch.Tensor], others: Sequence[Sequence[torch.Tensor]]) -> float:
-    """||x_i - mean_j x_j|| over the neighbours received (0.0 when none arrived)."""
+    """||x_i - mean_j x_j|| over the neighbours received (0.0 when none arrived), in float64 (huge finite
+    float32 values would overflow)."""
     if not others:
         return 0.0
     sq = 0.0
     for k, t in enumerate(own):
-        mean = torch.stack([o[k] for o in others]).mean(dim=0)
-        sq += float(((t - mean) ** 2).sum())
+        mean = torch.stack([o[k].double() for o in others]).mean(dim=0)
+        sq += float(((t.double() - mean) ** 2).sum())
     return sq ** 0.5
 
 
@@ -82,7 +85,8 @@ class GossipResult:
     present: list[str]
     missing: list[str]
     consensus_distance: float
-
+    clipped: list[str] = field(default_factory=list)  # robust averaging: neighbours pulled in to the radius
+    clip_radius: float | None = None  # robust averaging: this round's radius (None: nothing could be clipped)
 
 
 def _decode_received(
@@ -103,7 +107,8 @@ def _decode_received(
         try:
             out[peer] = decode_params(blob, shapes, arch_fp, compression, max_bytes)
         except PayloadError as err:
-            (rejects or RejectCounter()).drop(peer, err)
+            if rejects is not None:
+                rejects.drop(peer, err)
     return out
 
 def gossip_step(
@@ -118,23 +123,34 @@ def gossip_step(
     rejects: RejectCounter | None = None,
     max_bytes: int | None = None,
     known_missing: Iterable[str] = (),
+    robust: RobustAverager | None = None,
 ) -> GossipResult:
     """One gossip average for node `self_id`, from the bytes it published and the bytes it received.
 
     Our own contribution is decoded from the same bytes we sent, so every node averages identical numbers
     (federated mode ends bit-identical). Neighbours that sent nothing, or a payload that fails validation,
     count as missing and the row is re-weighted on the live subgraph (minus `known_missing` too: peers
-    the membership shows gone, so that rows of nodes that are not its neighbours agree).
+    the membership shows gone, so that rows of nodes that are not its neighbours agree). With `robust`,
+    replays and outliers are refused too, and the rest are clipped (ClippedGossip, gossip/robust.py).
     """
+    rejects = rejects if rejects is not None else RejectCounter()
     own = decode_params(own_payload, shapes, arch_fp, compression)
     idx = {p: i for i, p in enumerate(ids)}
     nbrs = [ids[j] for j in np.flatnonzero(np.asarray(adjacency)[idx[self_id]])]
-    params = {self_id: own, **_decode_received(nbrs, received, shapes, arch_fp, compression, rejects, max_bytes)}
-    present = [p for p in nbrs if p in params]
-    missing = [p for p in nbrs if p not in params]
+    if robust is not None:
+        received = robust.screen(own_payload, {p: received.get(p) for p in nbrs}, rejects)
+    decoded = _decode_received(nbrs, received, shapes, arch_fp, compression, rejects, max_bytes)
+    clip = robust.gossip(own, decoded, rejects) if robust is not None else None
+    mixed = clip.params if clip is not None else decoded
+    present = [p for p in nbrs if p in mixed]
+    missing = [p for p in nbrs if p not in mixed]
     weights = live_mixing_row(adjacency, ids, self_id, set(missing) | set(known_missing))
-    dist = consensus_distance(own, [params[p] for p in present])
-    return GossipResult(combine(weights, params), weights, present, missing, dist)
+    dist = consensus_distance(own, [decoded[p] for p in present])
+    res = GossipResult(combine(weights, {self_id: own, **mixed}), weights, present, missing, dist)
+    if clip is not None:
+        res.clipped, res.clip_radius = clip.clipped, clip.radius
+        robust.averaged(res.params)
+    return res
 
 
 def federated_step(
@@ -147,22 +163,33 @@ def federated_step(
     compression: str = "float16",
     rejects: RejectCounter | None = None,
     max_bytes: int | None = None,
+    robust: RobustAverager | None = None,
 ) -> GossipResult:
     """Exact (uniform) average of the participants' published parameters, self included if sampled.
 
     Every node decodes the same bytes and sums them in the same order, so all nodes that received every
     participant end the round with bit-identical parameters. A node outside the sample adopts the
-    average; if no participant arrived it keeps its own parameters.
+    average; if no participant arrived it keeps its own parameters. With `robust`, replays and outliers are
+    refused and the rest clipped around the participants' coordinate-wise median (gossip/robust.py), the
+    same computation on every node.
     """
+    rejects = rejects if rejects is not None else RejectCounter()
     own = decode_params(own_payload, shapes, arch_fp, compression)
     others = [p for p in participants if p != self_id]
+    if robust is not None:
+        received = robust.screen(own_payload, {p: received.get(p) for p in others}, rejects)
     decoded = {**_decode_received(others, received, shapes, arch_fp, compression, rejects, max_bytes), self_id: own}
     # `combine` sums in sorted peer-id order, so every node that decoded the same payloads ends bit-identical
     params = {p: decoded[p] for p in participants if p in decoded}
-    present = [p for p in others if p in params]
-    missing = [p for p in others if p not in params]
-    if not params:
+    clip = robust.federated(params, rejects) if robust is not None and params else None
+    mixed = clip.params if clip is not None else params
+    present = [p for p in others if p in mixed]
+    missing = [p for p in others if p not in mixed]
+    if not mixed:
         return GossipResult(own, {self_id: 1.0}, [], missing, 0.0)
-    weights = {p: 1.0 / len(params) for p in params}
+    weights = {p: 1.0 / len(mixed) for p in mixed}
     dist = consensus_distance(own, [params[p] for p in present])
-    return GossipResult(combine(weights, params), weights, present, missing, dist)
+    res = GossipResult(combine(weights, mixed), weights, present, missing, dist)
+    if clip is not None:
+        res.clipped, res.clip_radius = clip.clipped, clip.radius
+    return res

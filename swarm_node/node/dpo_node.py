@@ -1,19 +1,21 @@
-"""The DPO node: E local DPO steps, publish params, fetch neighbours', average, evaluate, checkpoint, log.
+"""The DPO round: E local DPO steps, publish params, fetch neighbours', average, evaluate, metrics row.
 
-`DPONode` holds one node's state between rounds and has the same lifecycle as the GRPO node: build,
-resume from the newest readable checkpoint, join the swarm, run rounds, checkpoint, leave. Who averages
-with whom is decided in `swarm_node/gossip/exchange.py`, the averaging math is `gossip/mixing.py`.
+`DPONode` holds one node's state between rounds; its lifecycle (resume from the newest readable
+checkpoint, join, rounds, checkpoints, stop, leave) is the loop both modes share (node/loop.py), started
+by `run_dpo_node`. Who averages with whom is decided in `swarm_node/gossip/exchange.py`, the averaging
+math is `gossip/mixing.py`.
 
-Rounds are numbered from 0 (round 0 already trains). A checkpoint of round r holds the parameters after
-round r's average, the optimizer and the batch sampler's RNG, so a restart continues at round r + 1 with
-bit-identical state. A gossip node that was away catches up with its neighbours' round instead of
-asking them for rounds they have long finished.
+Rounds are numbered from 0 (round 0 already trains; gossip rounds are matched by number). A checkpoint of
+round r holds the parameters after round r's average, the optimizer and the batch sampler's RNG, so a
+restart continues at round r + 1 with bit-identical state. A gossip node that was away catches up with
+its neighbours' round instead of asking them for rounds they have long finished.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,11 +26,13 @@ from swarm_node.gossip import mixing, topology
 from swarm_node.gossip.allreduce import AllReduce
 from swarm_node.gossip.exchange import GossipExchange, plan_round
 from swarm_node.gossip.payload import encode_params
+from swarm_node.gossip.robust import RobustAverager
 from swarm_node.gossip.vectors import arch_fingerprint, get_params, params_digest, params_probe, set_params
-from swarm_node.node.checkpoint import CheckpointWriteError, failed_save_line, restore_newest, save_checkpoint
-from swarm_node.node.logs import setup_logging
+from swarm_node.node.loop import RoundNode, run_node
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress, dpo_round_line
+from swarm_node.node.reasons import Rejections
+from swarm_node.node.rows import DPORow
 from swarm_node.node.stopping import StopFlag
 from swarm_node.tasks.preferences import node_preferences
 from swarm_node.training.dpo import DPOTrainer, HeldOut
@@ -41,8 +45,12 @@ log = logging.getLogger("swarm_node.dpo")
 TINY_PARAMS = 5_000_000  # below this, one CPU thread is faster than several (measured ~10x on 2 busy cores)
 
 
-class DPONode:
-    """State of one DPO node between rounds; `round` is the next round to run."""
+class DPONode(RoundNode):
+    """State of one DPO node between rounds (`last_round`: node/loop.py)."""
+
+    MODE = "DPO"
+    FIRST_ROUND = 0
+    EVALUATES_ON_STOP = True  # the held-out eval is a few forward passes
 
     def __init__(self, cfg: NodeConfig, state_dir: Path) -> None:
         from swarm_node.models.loading import load_model
@@ -71,52 +79,41 @@ class DPONode:
         self.metrics = MetricsWriter.from_config(self.state_dir, cfg, node_name=self.loaded.name)
         self.exchange = GossipExchange(d, None, self.arch_fp)
         self.allreduce: AllReduce | None = None
-        self.rejects = mixing.RejectCounter()
+        self.rejects = mixing.RejectCounter()  # running totals; rows carry each round's change
+        self._rejects_before: Counter = Counter()
+        self.robust = RobustAverager.from_config(d)  # None: plain averaging (dpo.aggregation=mean)
         self.last_stats = {"bytes_in": 0, "bytes_out": 0}
-        self.round = 0
-        self.saved_round = -1  # the last round in a checkpoint (-1: none yet)
-        self.checkpoint_failures = 0  # saves that failed (disk full...); the node keeps training
+        self._start_rounds()
         self.neighbours: list[str] = []
         log.info("DPO node: user %s, %d train / %d held-out pairs, %s averaging on %s, arch %s", self.data.user,
                  len(self.data.train), len(self.data.heldout), d.averaging, d.topology, self.arch_fp)
 
-    # ---- lifecycle ---------------------------------------------------------------------------------
+    # ---- lifecycle (the loop itself: node/loop.py) ---------------------------------------------------
 
-    def resume(self) -> None:
-        """Continue after the newest readable checkpoint (an unreadable one falls back to the one before)."""
-        ck = restore_newest(self.state_dir, self.model, self.trainer, self.cfg.fingerprint())
-        if ck is None:
-            self.metrics.truncate_after(-1)  # nothing to resume: rows of an unsaved earlier run are void
+    def checkpoint_record(self) -> dict:
+        return {"model_name": self.loaded.name, "is_lora": self.loaded.is_lora, "user": self.data.user}
+
+    def progress(self) -> RoundProgress:
+        return RoundProgress(f"{self.loaded.name} dpo", self.cfg.rounds, describe=dpo_round_line,
+                             accuracy_key="heldout_pref_acc")
+
+    def join(self, stop: StopFlag) -> None:
+        if not self.cfg.swarm.enabled or self.cfg.dpo.averaging == "none":
             return
-        self.saved_round = ck.round
-        self.round = self.saved_round + 1
-        self.metrics.truncate_after(self.saved_round)
-        log.info("resumed from %s: continuing at round %d", ck.path, self.round)
-
-    def checkpoint(self) -> bool:
-        """Save the last finished round; False (logged in one line, counted) if the write failed."""
-        done = self.round - 1
-        if done < 0 or done == self.saved_round:
-            return True
-        try:
-            save_checkpoint(self.state_dir, done, self.model, self.trainer.state_dict(),
-                            {"model_name": self.loaded.name, "is_lora": self.loaded.is_lora, "user": self.data.user},
-                            self.cfg.fingerprint(), keep=self.cfg.checkpoint.keep)
-        except CheckpointWriteError as exc:
-            self.checkpoint_failures += 1
-            log.error("%s", failed_save_line(self.state_dir, done, exc))
-            return False
-        self.saved_round = done
-        return True
+        self.join_swarm()
+        self.exchange.wait_for_peers(lambda: bool(stop))
+        if self.cfg.dpo.averaging == "gossip":
+            self.catch_up()
 
     def join_swarm(self) -> None:
         from swarm_node.swarm import PeerInfo, SwarmNode
 
         info = PeerInfo(mode="dpo", model_name=self.loaded.name, tokenizer_fp=self.loaded.tokenizer_fp,
                         task_id=self.data.task_id, arch_fp=self.arch_fp)
-        swarm = SwarmNode(self.cfg.swarm, info, logger=logging.getLogger("swarm_node.swarm")).start()
+        # DPO takes no rollout batches: parameters come by fetch
+        swarm = SwarmNode(self.cfg.swarm, info, validate=None, logger=logging.getLogger("swarm_node.swarm")).start()
         self.exchange = GossipExchange(self.cfg.dpo, swarm, self.arch_fp)
-        swarm.set_round(self.round)
+        swarm.set_round(self.last_round + 1)
         self.last_stats = swarm.stats()
         d = self.cfg.dpo
         if d.averaging == "federated" and d.federated_backend == "allreduce" and d.participants_per_round is None:
@@ -130,9 +127,12 @@ class DPONode:
         in every round. Skipped rounds leave no metrics rows.
         """
         ahead = max(self.exchange.peer_rounds().values(), default=-1)
-        if ahead > self.round:
-            log.info("neighbours are at round %d: catching up from round %d", ahead, self.round)
-            self.round = ahead
+        if ahead > self.last_round + 1:
+            log.info("neighbours are at round %d: catching up from round %d", ahead, self.last_round + 1)
+            self.last_round = ahead - 1
+
+    def leave(self) -> None:
+        self.exchange.linger(self.last_round + 1, self.neighbours)
 
     def close(self) -> None:
         self.metrics.close()
@@ -143,17 +143,19 @@ class DPONode:
 
     # ---- one round ---------------------------------------------------------------------------------
 
-    def run_round(self, evaluate: Callable[[], bool]) -> tuple[dict, mixing.GossipResult]:
+    def run_round(self, evaluate: Callable[[], bool] | None = None) -> DPORow:
         """E local steps -> publish -> fetch the same round from neighbours -> average -> metrics row.
 
         `evaluate` is asked after averaging, so a round interrupted by a signal is still evaluated.
         """
-        d, swarm, r, t0 = self.cfg.dpo, self.exchange.swarm, self.round, time.time()
+        d, swarm, r, t0 = self.cfg.dpo, self.exchange.swarm, self.last_round + 1, time.time()
         if swarm:
             swarm.set_round(r)
         t = self.cfg.training  # the shared lr schedule: training.lr_schedule / warmup_rounds, over DPO rounds
         set_lr(self.trainer.optimizer, self.trainer.optimizer.defaults["lr"] *
                lr_factor(t.lr_schedule, r, t.warmup_rounds, self.cfg.rounds))
+        if self.robust is not None and not self.robust.anchored:  # our own update is measured from here
+            self.robust.averaged(get_params(self.model))
         log.debug("round %d: %d local DPO steps", r, d.local_steps)  # fault tests watch this
         step = self.trainer.local_steps(d.local_steps)
         own = get_params(self.model)
@@ -173,93 +175,55 @@ class DPONode:
             allreduce_bytes = int(2 * (k - 1) / k * len(payload)) if res.present else 0
         elif d.averaging == "federated":
             res = mixing.federated_step(me, payload, received, plan.participants, self.shapes, self.arch_fp,
-                                        d.compression, self.rejects, limit)
+                                        d.compression, self.rejects, limit, robust=self.robust)
         else:
             res = mixing.gossip_step(me, payload, received, ids, plan.adjacency, self.shapes, self.arch_fp,
-                                     d.compression, self.rejects, limit)
+                                     d.compression, self.rejects, limit, robust=self.robust)
         set_params(self.model, res.params)
-        ev = self.heldout.evaluate(self.model, d.beta) if evaluate() else {"heldout_pref_acc": None,
-                                                                          "heldout_dpo_loss": None}
+        due = evaluate() if evaluate is not None else self.eval_due(r)
+        ev = self.heldout.evaluate(self.model, d.beta) if due else {"heldout_pref_acc": None, "heldout_dpo_loss": None}
         stats = swarm.stats() if swarm else self.last_stats
         gap = topology.spectral_gap(topology.mixing_matrix_from_adjacency(plan.adjacency)) if len(ids) > 1 else 1.0
-        row = {
-            "round": r,
-            "dpo_loss": step.loss,
-            "lr": self.trainer.optimizer.param_groups[0]["lr"],
-            "train_pref_acc": step.accuracy,
-            **ev,
-            "consensus_distance": res.consensus_distance,
-            "bytes_sent": stats["bytes_out"] - self.last_stats["bytes_out"] + allreduce_bytes,
-            "bytes_received": stats["bytes_in"] - self.last_stats["bytes_in"] + allreduce_bytes,
-            "payload_bytes": len(payload),
-            "params_digest": params_digest(res.params),
-            "params_probe": params_probe(res.params),
-            "graph": d.topology if d.averaging == "gossip" else d.averaging,
-            "spectral_gap": gap,
-            "num_peers": len(ids),
-            "neighbours": res.present,
-            "missing_neighbours": res.missing,
-            "weights": res.weights,
-            "rejected": dict(self.rejects.counts),
-            "checkpoint_failures": self.checkpoint_failures,
-            "user": self.data.user,
-            "peer_id": me,
-            "seconds": round(time.time() - t0, 3),
-        }
-        if r == 0:  # as GRPO's round-0 row: which model this run started from (the preset's weights hash)
-            row["model"] = self.loaded.info()
+        rejected = Rejections({f"params:{k}": n - self._rejects_before.get(k, 0)
+                               for k, n in self.rejects.counts.items() if n > self._rejects_before.get(k, 0)})
+        self._rejects_before = Counter(self.rejects.counts)
+        row = DPORow(
+            round=r,
+            dpo_loss=step.loss,
+            lr=self.trainer.optimizer.param_groups[0]["lr"],
+            train_pref_acc=step.accuracy,
+            heldout_pref_acc=ev["heldout_pref_acc"],
+            heldout_dpo_loss=ev["heldout_dpo_loss"],
+            consensus_distance=res.consensus_distance,
+            bytes_sent=stats["bytes_out"] - self.last_stats["bytes_out"] + allreduce_bytes,
+            bytes_received=stats["bytes_in"] - self.last_stats["bytes_in"] + allreduce_bytes,
+            payload_bytes=len(payload),
+            params_digest=params_digest(res.params),
+            params_probe=params_probe(res.params),
+            graph=d.topology if d.averaging == "gossip" else d.averaging,
+            spectral_gap=gap,
+            num_peers=len(ids),
+            neighbours=res.present,
+            missing_neighbours=res.missing,
+            weights=res.weights,
+            clipped=res.clipped,
+            clip_radius=res.clip_radius,
+            rejected=dict(rejected),
+            checkpoint_failures=self.checkpoint_failures,
+            user=self.data.user,
+            peer_id=me,
+            seconds=round(time.time() - t0, 3),
+            # as GRPO's round-0 row: which model this run started from (the preset's weights hash)
+            model=self.loaded.info() if r == 0 else None,
+        )
         self.last_stats = stats
         self.neighbours = res.present
-        self.round = r + 1
-        return row, res
+        self.last_round = r
+        log.debug("round %d: consensus %.4f neighbours %d missing %d", r, res.consensus_distance,
+                  len(res.present), len(res.missing))
+        return row
 
 
 def run_dpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> int:
     """Run DPO rounds until cfg.rounds or a signal; one JSON line per round in state_dir/metrics.jsonl."""
-    setup_logging(log_level)
-    node = DPONode(cfg, state_dir)
-    node.resume()
-    stop = StopFlag().install()
-    progress = RoundProgress(f"{node.loaded.name} dpo", cfg.rounds, describe=dpo_round_line,
-                             accuracy_key="heldout_pref_acc")
-    try:
-        if cfg.swarm.enabled and cfg.dpo.averaging != "none" and not stop:
-            node.join_swarm()
-            node.exchange.wait_for_peers(lambda: bool(stop))
-            if cfg.dpo.averaging == "gossip":
-                node.catch_up()
-        # The stop decision is taken once per round, when the round is evaluated: a signal that lands after
-        # that point is seen by the next round, which then runs to its end and is evaluated. So the last
-        # logged row always carries a held-out evaluation, whenever the signal arrives.
-        stopping = bool(stop)
-        while not stopping and (cfg.rounds is None or node.round < cfg.rounds):
-            r = node.round
-            due = r % cfg.metrics.eval_every == 0 or r == (cfg.rounds or 0) - 1
-            decided: dict[str, bool] = {}
-
-            def evaluate(due: bool = due, decided: dict = decided) -> bool:
-                decided["stop"] = bool(stop)
-                return due or decided["stop"]
-
-            row, res = node.run_round(evaluate=evaluate)
-            node.metrics.write(row)
-            progress.update(row)
-            log.debug("round %d: consensus %.4f neighbours %d missing %d", r, row["consensus_distance"],
-                      len(res.present), len(res.missing))
-            if node.round % cfg.checkpoint.every_rounds == 0:
-                node.checkpoint()
-            stopping = decided["stop"]
-        if stop:
-            log.info("%s received: stopping after round %d", stop.signal_name, node.round - 1)
-        saved = node.checkpoint()
-        node.exchange.linger(node.round, node.neighbours)
-        if not saved:
-            log.error("exiting without a checkpoint of round %d (see above): a restart resumes from the one "
-                      "named there", node.round - 1)
-            return 1
-    finally:
-        progress.close()
-        node.close()
-        stop.restore()
-    log.info("DPO node stopped after round %d", node.round - 1)
-    return 0
+    return run_node(lambda: DPONode(cfg, state_dir), log_level)

@@ -8,23 +8,14 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from swarm_node.errors import UserFacingError
+from swarm_node.dashboard.server import serve_dirs
+from swarm_node.node import reasons
 
 log = logging.getLogger(__name__)
-
-# Reasons named by this node's own code, exported to Prometheus as they are. `protocol:*` reasons are
-# bounded by swarm_node.protocol.errors.REASONS (ProtocolError refuses any other); `swarm:*` reasons are the
-# literals passed to SwarmNode._reject in swarm_node/swarm/node.py and the transfer layer's own reasons.
-# Peers choose none of these names, so the exported label set stays bounded.
-REJECT_REASONS_EXPORTED = frozenset({
-    "swarm_mismatch", "task_mismatch", "tokenizer_mismatch", "vocab_mismatch", "unknown_prompt",
-    "prompt_mismatch", "group_too_small", "duplicate_group", "reward_out_of_range", "stale", "round_mismatch",
-    "oom_external", "duplicate_completion", "replayed_group", "share_capped", "logprob_outlier",
-    "logprob_skew", "newcomer_capped",
-})
 
 
 def _clean(v: Any) -> Any:
@@ -57,17 +48,18 @@ class MetricsWriter:
         self._series: dict[str, Any] = {}
         self._prom = None
         self._server = None
+        self.page_url: str | None = None
         if prometheus_port:
             import prometheus_client as prom
 
             self._prom = prom
             self._registry = prom.CollectorRegistry()
-            try:
-                started = prom.start_http_server(prometheus_port, addr=prometheus_host, registry=self._registry)
-            except OSError as exc:
-                raise UserFacingError(f"metrics.prometheus_port: cannot serve /metrics on {prometheus_host}:"
-                                      f"{prometheus_port} ({exc.strerror}); pick a free port") from None
-            self._server = started[0] if isinstance(started, tuple) else None
+            # /metrics beside the dashboard page of this state dir at / (swarm_node.dashboard)
+            self._server, self.page_url = serve_dirs(
+                [self.path.parent], prometheus_port, host=prometheus_host, title=node_name,
+                what="metrics.prometheus_port", metrics_app=prom.make_wsgi_app(self._registry))
+            log.info("serving the dashboard page at %s and Prometheus metrics at %smetrics", self.page_url,
+                     self.page_url)
             self._prom.Info("swarm_node", "node this endpoint belongs to", registry=self._registry).info(
                 {"node": node_name})
 
@@ -109,8 +101,9 @@ class MetricsWriter:
             log.warning("resuming at round %d: dropped %d metrics.jsonl rows of later rounds (not in the checkpoint); "
                         "the previous file is kept as %s", round_, len(rows) - len(keep), backup.name)
 
-    def write(self, row: dict) -> None:
-        row = _clean(row)
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Append a round's row (a node.rows row, or a plain dict) and mirror it."""
+        row = _clean(row.to_json() if hasattr(row, "to_json") else dict(row))
         with open(self.path, "a") as fh:
             fh.write(json.dumps(row, sort_keys=False) + "\n")
         if self._prom is not None:
@@ -143,14 +136,17 @@ class MetricsWriter:
 
         Every series has a `node` label. Per-round dicts keyed by names that peers choose (groups by peer)
         stay in metrics.jsonl only: exporting them would let peers grow the label set without bound; so do
-        rejection reasons outside this node's fixed list.
+        rejection reasons outside this node's registry (node/reasons.py).
         """
         node = self.node_name
         self._metric("counter", prefix + "rounds", "rounds completed (round 0 = the initial eval)").labels(node).inc()
         for reason, n in (row.get("rejected") or {}).items():
-            if reason in REJECT_REASONS_EXPORTED or reason.startswith(("protocol:", "swarm:")):
+            if reasons.known(reason):
                 self._metric("counter", prefix + "rejected", "peer batches or groups declined, by reason",
                              ("node", "reason")).labels(node, reason).inc(int(n))
+        for phase, seconds in (row.get("time_split_s") or {}).items():  # fixed phase names (node/timing.py)
+            self._metric("gauge", prefix + "round_phase_seconds", "last round's seconds per phase",
+                         ("node", "phase")).labels(node, phase).set(float(seconds))
         for key, value in row.items():
             if isinstance(value, dict) or isinstance(value, bool) or not isinstance(value, int | float):
                 continue
@@ -162,8 +158,9 @@ class MetricsWriter:
 
 
 def read_metrics(path: Path, warn: bool = True) -> list[dict]:
-    """Rows of a metrics.jsonl; a line that is not JSON (cut short by a crash, or being written by a live
-    node while the demo's table reads it) is skipped, with a warning unless `warn` is False."""
+    """Rows of a metrics.jsonl; a line that is not a JSON object (cut short by a crash, being written by a
+    live node while the demo's table reads it, or edited by hand) is skipped, with a warning unless `warn`
+    is False."""
     rows = []
     p = Path(path)
     if not p.exists():
@@ -172,8 +169,11 @@ def read_metrics(path: Path, warn: bool = True) -> list[dict]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
-            if warn:
-                log.warning("%s: line %d is not valid JSON; skipped", p, n)
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        elif warn:
+            log.warning("%s: line %d is not a JSON object; skipped", p, n)
     return rows

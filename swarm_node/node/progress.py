@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 log = logging.getLogger("swarm_node.node")
 
@@ -14,7 +14,7 @@ def fmt(v: float | None, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def round_line(name: str, row: dict, total: int | None = None) -> str:
+def round_line(name: str, row: Mapping, total: int | None = None) -> str:
     r = row["round"]
     of = f"/{total}" if total else ""
     rej = sum((row.get("rejected") or {}).values())
@@ -35,7 +35,7 @@ def round_line(name: str, row: dict, total: int | None = None) -> str:
     return " | ".join(parts)
 
 
-def dpo_round_line(name: str, row: dict, total: int | None = None) -> str:
+def dpo_round_line(name: str, row: Mapping, total: int | None = None) -> str:
     """The DPO node's log line: local loss, held-out preference accuracy, consensus, neighbours."""
     of = f"/{total}" if total else ""
     parts = [
@@ -80,7 +80,7 @@ class RoundProgress:
     `accuracy_key` names the row's held-out accuracy shown on the bar.
     """
 
-    def __init__(self, name: str, total: int | None, describe: Callable[[str, dict, int | None], str] = round_line,
+    def __init__(self, name: str, total: int | None, describe: Callable[[str, Mapping, int | None], str] = round_line,
                  accuracy_key: str = "eval_accuracy"):
         self.name = name
         self.total = total
@@ -107,14 +107,15 @@ class RoundProgress:
                 root.addHandler(repl)
                 self._swapped.append((h, repl))
 
-    def update(self, row: dict) -> None:
+    def update(self, row: Mapping, done: int | None = None) -> None:
+        """Log the round's line; move the bar to `done` rounds (default: the row's round number)."""
         log.info(self.describe(self.name, row, self.total))
         if self._progress is not None:
             acc = row.get(self.accuracy_key)
             info = f"round {row['round']}" + (
                 f" reward {row['reward_mean']:.3f}" if row.get("reward_mean") is not None else "") + (
                 f" acc {acc:.3f}" if acc is not None else "")
-            self._progress.update(self._task, completed=row["round"], info=info)
+            self._progress.update(self._task, completed=row["round"] if done is None else done, info=info)
 
     def close(self) -> None:
         if self._progress is not None:

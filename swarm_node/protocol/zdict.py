@@ -2,7 +2,7 @@
 
 A round's batch of a small model is a few hundred bytes of body, too little for zstd to pay for its own
 Huffman and FSE tables; a dictionary supplies them (and the body's fixed slot layout). It was trained by
-`python benchmarks/wire.py --train-dict` (zstandard.train_dictionary, 1,024 bytes, level 19) on 30 bodies
+`python -m benchmarks.wire --train-dict` (zstandard.train_dictionary, 1,024 bytes, level 19) on 30 bodies
 of trained tiny-preset batches (tiny-s and tiny-m, seeds 11-13, rounds 1-5, 16 arithmetic prompts x 8
 completions of up to 6 tokens) with the swarm, task, tokenizer and model strings blanked, so it holds the
 layout and the token and log-prob statistics, not one swarm's names. Batches the corpus did not cover

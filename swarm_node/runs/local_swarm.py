@@ -41,13 +41,19 @@ class Bootstrap:
         stop_process(self.proc)
 
 
-def start_bootstrap(workdir: Path, swarm_id: str, timeout_s: float = 60.0) -> Bootstrap:
-    """Start `swarm-node bootstrap` on 127.0.0.1 and wait for its first printed multiaddr."""
+def start_bootstrap(workdir: Path, swarm_id: str, timeout_s: float = 60.0, *,
+                    host_maddr: str = "/ip4/127.0.0.1/tcp/0", initial_peers: list[str] | None = None,
+                    wrap: list[str] | None = None) -> Bootstrap:
+    """Start `swarm-node bootstrap` (on 127.0.0.1 unless told) and wait for its first printed multiaddr.
+
+    `wrap` prefixes the command (e.g. `ip netns exec NS`, to run it inside a network namespace).
+    """
     workdir.mkdir(parents=True, exist_ok=True)
+    extra = ["--initial-peers", *initial_peers] if initial_peers else []
     with open(workdir / "bootstrap.log", "w") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(
-            cli("bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity", str(workdir / "bootstrap.key"),
-                "--swarm", swarm_id),
+            [*(wrap or []), *cli("bootstrap", "--host-maddrs", host_maddr, "--identity", str(workdir / "bootstrap.key"),
+                                 "--swarm", swarm_id, *extra)],
             stdout=subprocess.PIPE, stderr=log, env=child_env(), start_new_session=True,
         )
     end = time.monotonic() + timeout_s
@@ -76,6 +82,7 @@ class Peer:
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
     extra_args: list[str] = field(default_factory=list)
+    wrap: list[str] = field(default_factory=list)  # a command prefix, e.g. `ip netns exec NS`
 
     @property
     def metrics(self) -> Path:
@@ -89,7 +96,7 @@ class Peer:
         if initial_peers:
             args += ["--initial-peers", *initial_peers]
         with open(self.log_path, "a") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen(cli(*args), stdout=log, stderr=subprocess.STDOUT, env=child_env(),
+            self.proc = subprocess.Popen([*self.wrap, *cli(*args)], stdout=log, stderr=subprocess.STDOUT, env=child_env(),
                                          start_new_session=True)
 
     def running(self) -> bool:

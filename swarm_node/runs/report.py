@@ -2,105 +2,36 @@
 
 Layouts read: a demo directory, RUN_DIR/swarm/<peer>/metrics.jsonl and, when the alone baseline was run,
 RUN_DIR/alone/<peer>/metrics.jsonl; or one node's state dir, RUN_DIR/metrics.jsonl (arm "node"). Writes
-report.json, report.md, reward.png and accuracy.png into RUN_DIR.
+report.json, report.md, reward.png and accuracy.png into RUN_DIR, and accuracy_parts.png when the task has
+parts (metrics' eval_acc_parts: arithmetic's add / sub / signed, reasoning-gym's datasets).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 
+from swarm_node.dashboard import summary
+from swarm_node.dashboard.layout import NODE_ARM, metrics_files
+from swarm_node.node import reasons
 from swarm_node.node.metrics import read_metrics
 from swarm_node.node.progress import fmt
+from swarm_node.runs.stats import paired_se, verdict
 
-ARMS = ("swarm", "alone")
-NODE_ARM = "node"  # a single node's state dir
-SMOOTH_ROUNDS = 5
-
-
-def _is_dpo(rows: list[dict]) -> bool:
-    return any("dpo_loss" in r for r in rows)
-
-
-def _evals(rows: list[dict]) -> list[tuple[int, float]]:
-    """(round, held-out accuracy): greedy exact match (GRPO) or preference accuracy (DPO)."""
-    key = "heldout_pref_acc" if _is_dpo(rows) else "eval_accuracy"
-    return [(r["round"], r[key]) for r in rows if r.get(key) is not None]
-
-
-def _rewards(rows: list[dict]) -> list[tuple[int, float]]:
-    """(round, training signal): mean reward of own samples (GRPO) or train preference accuracy (DPO)."""
-    key = "train_pref_acc" if _is_dpo(rows) else "reward_mean"
-    return [(r["round"], r[key]) for r in rows if r.get(key) is not None]
-
-
-def _peer_summary(rows: list[dict]) -> dict:
-    evals = _evals(rows)
-    # GRPO's round 0 is the eval of the model as loaded; DPO's round 0 already trains
-    trained = rows if _is_dpo(rows) else [r for r in rows if r.get("round", 0) > 0]
-    rewards = [v for _, v in _rewards(rows)]
-    rej: dict[str, int] = {}
-    ext_by_peer: dict[str, int] = {}
-    for r in trained:
-        for k, v in (r.get("rejected") or {}).items():
-            rej[k] = rej.get(k, 0) + int(v)
-        for k, v in (r.get("external_groups_by_peer") or {}).items():
-            ext_by_peer[k] = ext_by_peer.get(k, 0) + int(v)
-
-    def total(key: str) -> int:
-        return int(sum(r.get(key) or 0 for r in trained))
-
-    q = max(1, len(rewards) // 4)
-    static = next((r for r in rows if r.get("round") == 0), {})
-    return {
-        "model": static.get("model"),  # name, preset, sha256 of the preset's weights (round-0 row)
-        "rounds": (trained[-1]["round"] + (1 if _is_dpo(rows) else 0)) if trained else 0,
-        "start_accuracy": evals[0][1] if evals else None,
-        "end_accuracy": evals[-1][1] if evals else None,
-        "best_accuracy": max(a for _, a in evals) if evals else None,
-        "accuracy_curve": evals,
-        "reward_first_quarter": float(np.mean(rewards[:q])) if rewards else None,
-        "reward_last_quarter": float(np.mean(rewards[-q:])) if rewards else None,
-        "local_groups": total("local_groups"),
-        "external_groups": total("external_groups"),
-        "external_groups_by_peer": ext_by_peer,
-        "filtered": total("filtered"),
-        "rejected": rej,
-        "rewards_overridden": total("rewards_overridden"),
-        "bytes_out": total("bytes_out") + total("bytes_sent"),
-        "bytes_in": total("bytes_in") + total("bytes_received"),
-        "gen_s_mean": float(np.mean([r.get("gen_s") or 0 for r in trained])) if trained else None,
-        "train_s_mean": float(np.mean([r.get("train_s") or 0 for r in trained])) if trained else None,
-        "collect_s_mean": float(np.mean([r.get("collect_s") or 0 for r in trained])) if trained else None,
-    }
+SMOOTH_ROUNDS = summary.SMOOTH_ROUNDS
+rolling = summary.rolling  # the reward plot's trailing mean and band (the dashboard draws the same)
 
 
 def load_run(run_dir: Path) -> dict[str, dict[str, list[dict]]]:
     """{arm: {peer: rows}} for the arms present; a node's state dir is one arm ("node") of one peer."""
-    out: dict[str, dict[str, list[dict]]] = {}
-    single = Path(run_dir) / "metrics.jsonl"
-    if single.is_file():
-        rows = read_metrics(single)
-        name = Path(run_dir).resolve().name
-        return {NODE_ARM: {name: rows}} if rows else {}
-    for arm in ARMS:
-        d = Path(run_dir) / arm
-        if not d.is_dir():
-            continue
-        peers = {p.name: read_metrics(p / "metrics.jsonl") for p in sorted(d.iterdir()) if (p / "metrics.jsonl").exists()}
-        if peers:
-            out[arm] = peers
-    return out
-
-
-def rolling(values: list[float], k: int = SMOOTH_ROUNDS) -> tuple[np.ndarray, np.ndarray]:
-    """Trailing mean and standard deviation over the last k values (fewer at the start), one per value."""
-    v = np.asarray(values, dtype=float)
-    mean = np.array([v[max(0, i - k + 1): i + 1].mean() for i in range(len(v))])
-    std = np.array([v[max(0, i - k + 1): i + 1].std() for i in range(len(v))])
-    return mean, std
+    files = metrics_files(run_dir)
+    if NODE_ARM in files:
+        rows = {peer: read_metrics(path) for peer, path in files[NODE_ARM].items()}
+        return {NODE_ARM: rows} if all(rows.values()) else {}
+    return {arm: {peer: read_metrics(path) for peer, path in peers.items()} for arm, peers in files.items()}
 
 
 def plot(run: dict, out_dir: Path) -> list[Path]:
@@ -117,7 +48,7 @@ def plot(run: dict, out_dir: Path) -> list[Path]:
 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     peers = sorted({p for arm in run.values() for p in arm})
-    dpo = any(_is_dpo(rows) for arm in run.values() for rows in arm.values())
+    dpo = any(summary.is_dpo(rows) for arm in run.values() for rows in arm.values())
     last = max((r.get("round", 0) for arm in run.values() for rows in arm.values() for r in rows), default=1)
     reward_label = "train preference accuracy" if dpo else "mean reward of own samples"
     acc_label = "held-out preference accuracy" if dpo else "held-out eval accuracy (greedy)"
@@ -131,7 +62,7 @@ def plot(run: dict, out_dir: Path) -> list[Path]:
                 rows = run.get(arm, {}).get(peer)
                 if not rows:
                     continue
-                pts = _rewards(rows) if kind == "reward" else _evals(rows)
+                pts = summary.rewards(rows) if kind == "reward" else summary.evals(rows)
                 if not pts:
                     continue
                 xs = np.array([p[0] for p in pts])
@@ -160,6 +91,65 @@ def plot(run: dict, out_dir: Path) -> list[Path]:
     return written
 
 
+def gain_over_alone(report: dict) -> dict[str, dict]:
+    """Per peer run in both arms: swarm end accuracy - alone end accuracy, its SE and the 2-SE verdict.
+
+    Paired per problem when both final evals scored the same problems (metrics' eval_hits); otherwise the
+    unpaired SE of two accuracies (larger). One run: the SE is that of the problems drawn, not of seeds.
+    """
+    swarm, alone = report["arms"].get("swarm", {}), report["arms"].get("alone", {})
+    out: dict[str, dict] = {}
+    for peer, s in swarm.items():
+        a = alone.get(peer)
+        if a is None or s["end_accuracy"] is None or a["end_accuracy"] is None:
+            continue
+        diff = s["end_accuracy"] - a["end_accuracy"]
+        hs, ha = s.get("end_hits"), a.get("end_hits")
+        if hs and ha and len(hs) == len(ha):
+            se, paired = paired_se([c == "1" for c in hs], [c == "1" for c in ha]), True
+        elif s.get("end_n") and a.get("end_n"):
+            p, q = s["end_accuracy"], a["end_accuracy"]
+            se, paired = math.sqrt(p * (1 - p) / s["end_n"] + q * (1 - q) / a["end_n"]), False
+        else:
+            se, paired = float("nan"), False
+        out[peer] = {"gain": diff, "se": se, "paired": paired, "verdict": verdict(diff, se)}
+    return out
+
+
+def plot_parts(run: dict, out_dir: Path) -> Path | None:
+    """accuracy_parts.png: one panel per part of the task, each peer's held-out accuracy on it over rounds
+    (swarm solid, alone dashed); None when no peer's metrics have parts."""
+    curves = {(arm, peer): summary.part_evals(rows) for arm, peers in run.items() for peer, rows in peers.items()}
+    parts = list(dict.fromkeys(k for pts in curves.values() for _, acc in pts for k in acc))
+    if not parts:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    peers = sorted({p for _, p in curves})
+    fig, axes = plt.subplots(1, len(parts), figsize=(3.8 * len(parts), 3.4), squeeze=False, sharey=True)
+    for ax, part in zip(axes[0], parts, strict=True):
+        for (arm, peer), pts in sorted(curves.items()):
+            pts = [(r, acc[part]) for r, acc in pts if part in acc]
+            if pts:
+                ax.plot([x for x, _ in pts], [y for _, y in pts], "--" if arm == "alone" else "-", marker="o",
+                        markersize=2, color=colors[peers.index(peer) % len(colors)],
+                        label=peer if arm == NODE_ARM else f"{peer} ({arm})")
+        ax.set_title(part, fontsize=9)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("held-out accuracy per part (greedy)", fontsize=9)
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(out_dir) / "accuracy_parts.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _bytes(n: int) -> str:
     """Human-readable size: tiny-preset runs move kilobytes, real models megabytes (fixed MB read 0.00)."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
@@ -172,17 +162,31 @@ def markdown(report: dict) -> str:
     lines = ["# swarm-node run report", ""]
     if report.get("command"):
         lines += [f"Command: `{report['command']}`", ""]
-    lines += ["| peer | arm | rounds | eval acc start | eval acc end | best | reward 1st quarter | reward last quarter "
-              "| external groups | filtered | rejected | sent | received |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    if report.get("interrupted"):
+        lines += [f"Interrupted (Ctrl-C) before the {report.get('rounds')} rounds asked for: each row covers the "
+                  "rounds that peer did.", ""]
+    gains = report.get("gain_over_alone") or {}
+    gain_col = " gain over alone |" if gains else ""
+    lines += ["| peer | arm | rounds | eval acc start | eval acc end |" + gain_col + " best | reward 1st quarter "
+              "| reward last quarter | external groups | filtered | rejected | sent | received |",
+              "|---|---|---|---|---|" + ("---|" if gains else "") + "---|---|---|---|---|---|---|---|"]
     for arm, peers in report["arms"].items():
         for peer, s in peers.items():
             rej = sum(s["rejected"].values())
+            g = gains.get(peer) if arm == "swarm" else None
+            cell = (f" {g['gain']:+.3f} +- {g['se']:.3f} ({g['verdict']}) |" if g else " - |") if gains else ""
             lines.append(
-                f"| {peer} | {arm} | {s['rounds']} | {fmt(s['start_accuracy'])} | {fmt(s['end_accuracy'])} | "
+                f"| {peer} | {arm} | {s['rounds']} | {fmt(s['start_accuracy'])} | {fmt(s['end_accuracy'])} |{cell} "
                 f"{fmt(s['best_accuracy'])} | {fmt(s['reward_first_quarter'])} | {fmt(s['reward_last_quarter'])} | "
                 f"{s['external_groups']} | {s['filtered']} | {rej} | {_bytes(s['bytes_out'])} | {_bytes(s['bytes_in'])} |"
             )
+    lines += _parts_table(report)
+    if gains:
+        paired = all(g["paired"] for g in gains.values())
+        lines += ["", "`gain over alone` is the swarm's end accuracy minus the same peer's alone, +- its standard error "
+                  + ("paired per held-out problem" if paired else "(unpaired: the runs scored different problems)")
+                  + "; one run's SE counts the problems drawn, not the spread between seeds (docs/results.md has "
+                  "seeds)."]
     lines += ["", "Eval accuracy is greedy exact match on the held-out split; rewards are of each peer's own",
               "samples. `external groups` counts peers' groups trained on; `filtered` counts sequences the F-TIS",
               "filter dropped; `rejected` counts peers' batches or groups declined (reason in report.json).", "",
@@ -190,7 +194,44 @@ def markdown(report: dict) -> str:
               "over a few prompts' sampled (temperature) completions, so it is noisy and need not follow the greedy",
               "held-out accuracy round by round; both plots share the round axis.", "",
               "![reward](reward.png)", "", "![accuracy](accuracy.png)", ""]
-    return "\n".join(lines)
+    if any(s.get("end_accuracy_parts") for peers in report["arms"].values() for s in peers.values()):
+        lines += ["![accuracy per part](accuracy_parts.png)", ""]
+    return "\n".join(lines + rejections_table(report))
+
+
+def rejections_table(report: dict) -> list[str]:
+    """Markdown lines: every reason peers' data was declined for, over all peers, with what it means.
+
+    Meanings come from the node's registry (node/reasons.py); a reason an older version counted and this
+    one does not (say `stale`) is listed as such, so old runs still report."""
+    totals: dict[str, int] = {}
+    for peers in report["arms"].values():
+        for s in peers.values():
+            for reason, n in s["rejected"].items():
+                totals[reason] = totals.get(reason, 0) + n
+    if not totals:
+        return []
+    lines = ["## Rejections by reason", "", "| reason | count | what it means |", "|---|---|---|"]
+    for reason, n in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"| `{reason}` | {n} | {reasons.describe(reason) or 'not a reason of this version'} |")
+    return lines + [""]
+
+
+def _parts_table(report: dict) -> list[str]:
+    """Held-out accuracy per part, start -> end, per peer and arm, with the parts each peer samples."""
+    rows = [(arm, peer, s) for arm, peers in report["arms"].items() for peer, s in peers.items()
+            if s.get("end_accuracy_parts")]
+    if not rows:
+        return []
+    parts = list(dict.fromkeys(k for _, _, s in rows for k in s["end_accuracy_parts"]))
+    out = ["", "Held-out accuracy per part (start -> end; the eval's union is the table above):", "",
+           "| peer | arm | samples | " + " | ".join(parts) + " |", "|---|---|---|" + "---|" * len(parts)]
+    for arm, peer, s in rows:
+        mix = ", ".join(k for k, w in (s.get("task_mix") or {}).items() if w > 0) or "-"
+        start, end = s.get("start_accuracy_parts") or {}, s["end_accuracy_parts"]
+        out.append(f"| {peer} | {arm} | {mix} | " + " | ".join(
+            f"{fmt(start.get(k))} -> {fmt(end.get(k))}" for k in parts) + " |")
+    return out
 
 
 def write_report(run_dir: Path, extra: dict | None = None) -> dict:
@@ -200,8 +241,11 @@ def write_report(run_dir: Path, extra: dict | None = None) -> dict:
         raise FileNotFoundError(f"no metrics.jsonl with rows in {run_dir} (a node's --state-dir) nor under "
                                 f"{run_dir}/swarm/*/ or {run_dir}/alone/*/ (a `swarm-node demo --out` dir)")
     report = {"run_dir": str(run_dir), **(extra or {}),
-              "arms": {arm: {peer: _peer_summary(rows) for peer, rows in peers.items()} for arm, peers in run.items()}}
+              "arms": {arm: {peer: summary.peer_summary(rows) for peer, rows in peers.items()}
+                       for arm, peers in run.items()}}
+    report["gain_over_alone"] = gain_over_alone(report)
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     (run_dir / "report.md").write_text(markdown(report))
     plot(run, run_dir)
+    plot_parts(run, run_dir)
     return report

@@ -47,10 +47,27 @@ def paired_difference(pairs: Sequence[tuple[dict, dict]], acc: str, hits: str) -
     """For runs (a, b) of the same seeds scored on the same problems: the mean over seeds of a[acc] - b[acc], its
     SE (`combined_se` of the per-problem paired SEs of a[hits], b[hits] and the spread over seeds) and the 2-SE
     verdict. The benchmarks' one way of comparing two arms."""
-    diffs = [a[acc] - b[acc] for a, b in pairs]
-    d = float(np.mean(diffs))
-    se = combined_se([paired_se(a[hits], b[hits]) for a, b in pairs], diffs)
-    return d, se, verdict(d, se)
+    return linear_contrast([[(1.0, a[hits], a[acc]), (-1.0, b[hits], b[acc])] for a, b in pairs])
+
+
+def linear_contrast(seeds: Sequence[Sequence[tuple[float, Sequence[bool], float]]]) -> tuple[float, float, str]:
+    """A weighted sum of accuracies of runs scored on the same problems, e.g. "gain - half another's gain".
+
+    For each seed, terms (weight, per-problem hits, accuracy): the mean over seeds of sum(w * accuracy), its SE
+    (`combined_se` of the per-problem SE of sum(w * hits) and the spread over seeds) and the 2-SE verdict.
+    `paired_difference` is the case of two terms with weights +1 and -1.
+    """
+    values, per_seed_se = [], []
+    for terms in seeds:
+        lengths = {len(h) for _, h, _ in terms}
+        if len(lengths) != 1:
+            raise ValueError(f"paired samples differ in length: {sorted(lengths)}")
+        d = sum(w * np.asarray(h, dtype=float) for w, h, _ in terms)
+        per_seed_se.append(float(d.std(ddof=1) / math.sqrt(d.size)) if d.size > 1 else float("nan"))
+        values.append(sum(w * acc for w, _, acc in terms))
+    mean = float(np.mean(values))
+    se = combined_se(per_seed_se, values)
+    return mean, se, verdict(mean, se)
 
 
 def verdict(diff: float, se: float, k: float = 2.0) -> str:

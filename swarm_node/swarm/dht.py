@@ -229,7 +229,7 @@ class RefusalTally:
         self._seen: dict[str, int] = {}
 
     def poll(self, dht_call) -> dict[str, int]:
-        """New refusals, read through `dht_call` (SwarmNode._dht_call); {} while the DHT is unreachable."""
+        """New refusals, read through `dht_call` (DHTSupervisor.call); {} while the DHT is unreachable."""
         try:
             return self.new_since_last(dht_call("run_coroutine", _read_refusals))
         except Exception:

@@ -22,6 +22,8 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from swarm_node.swarm import reasons
+
 
 @dataclass(frozen=True)
 class Freshness:
@@ -68,16 +70,16 @@ class _Peer:
 def check_offer(offer: Offer, peer: _Peer | None, limits: Freshness, now: float) -> str | None:
     """Why an offer is refused (a counter name), or None. `peer` is what we know of its sender."""
     if not (math.isfinite(offer.generated) and offer.generated > 0):
-        return "bad_time"
+        return reasons.BAD_TIME
     if offer.generated > now + limits.max_clock_skew_s:
-        return "future_time"
+        return reasons.FUTURE_TIME
     if offer.version > offer.round:  # a round's batch comes from a policy of at most that many updates
-        return "bad_version"
+        return reasons.BAD_VERSION
     known = max(peer.known_round, peer.newest_round) if peer is not None else -1
     if offer.round > max(known, 0) + limits.max_version_jump:
-        return "future_round"
+        return reasons.FUTURE_ROUND
     if now - offer.generated > limits.max_age_s:
-        return "stale_age"
+        return reasons.STALE_AGE
     return None
 
 
@@ -128,14 +130,14 @@ class Intake:
             p.heard = now
             p.newest_version = max(p.newest_version, offer.version)
             if offer.round <= p.newest_round:
-                self.counts["duplicate"] += 1
-                return "duplicate", None
+                self.counts[reasons.DUPLICATE] += 1
+                return reasons.DUPLICATE, None
             p.newest_round = offer.round
             if offer.size > self.max_size:
-                self.counts["too_large"] += 1  # refused before any stream is opened
-                return "too_large", None
+                self.counts[reasons.TOO_LARGE] += 1  # refused before any stream is opened
+                return reasons.TOO_LARGE, None
             if p.slot is not None and lag_of(p.slot.offer, p) > self.limits.max_version_lag:
-                self._drop_slot(p, "superseded")  # what we hold is too old next to what is on offer
+                self._drop_slot(p, reasons.SUPERSEDED)  # what we hold is too old next to what is on offer
             if p.slot is None and p.fetching is None:
                 p.fetching, p.pending = offer, None
                 return "fetch", offer
@@ -153,7 +155,7 @@ class Intake:
                 p.fetching = None
             if payload is not None:
                 if p.slot is not None:
-                    self._drop_slot(p, "superseded")
+                    self._drop_slot(p, reasons.SUPERSEDED)
                 p.slot = Buffered(offer, payload, self.clock(), decoded)
                 self._bytes += len(payload)
                 self._batches += 1
@@ -184,7 +186,7 @@ class Intake:
                     if accept(p.slot.offer):
                         ok.append(p)
                     else:
-                        self.counts["declined"] += 1
+                        self.counts[reasons.DECLINED] += 1
                 ready = ok
             chosen = self.rng.sample(ready, min(k, len(ready))) if k > 0 else []
             if choose is not None and k > 0:
@@ -216,6 +218,11 @@ class Intake:
             p = self._peers.get(peer_id)
             return p.newest_version if p else -1
 
+    def newest_rounds(self) -> dict[str, int]:
+        """Each peer's newest round offered and accepted (the replay bound), by peer id."""
+        with self.cond:
+            return {pid: p.newest_round for pid, p in self._peers.items()}
+
     def forget(self, peer_ids) -> None:
         """Peers gone from membership and silent: drop their state (bounds memory)."""
         with self.cond:
@@ -244,7 +251,7 @@ class Intake:
                 if old.slot is not None:
                     self._bytes -= len(old.slot.payload)
                     self._batches -= 1
-                    self.counts["evicted"] += 1
+                    self.counts[reasons.EVICTED] += 1
         else:
             self._peers.move_to_end(peer_id)
         return p
@@ -263,7 +270,7 @@ class Intake:
             return None
         if self.clock() - p.pending.generated > self.limits.max_age_s:
             p.pending = None  # went stale while we waited
-            self.counts["stale_age"] += 1
+            self.counts[reasons.STALE_AGE] += 1
             return None
         p.fetching, p.pending = p.pending, None
         return p.fetching
@@ -275,9 +282,9 @@ class Intake:
             if p.slot is None:
                 continue
             if now - p.slot.offer.generated > self.limits.max_age_s:
-                self._drop_slot(p, "stale_age")
+                self._drop_slot(p, reasons.STALE_AGE)
             elif lag_of(p.slot.offer, p) > self.limits.max_version_lag:
-                self._drop_slot(p, "stale_version")
+                self._drop_slot(p, reasons.STALE_VERSION)
             else:
                 continue
             nxt = self._next_fetch(p)
@@ -291,4 +298,4 @@ class Intake:
                          key=lambda p: p.slot.arrived, default=None)
             if oldest is None:
                 break
-            self._drop_slot(oldest, "evicted")
+            self._drop_slot(oldest, reasons.EVICTED)

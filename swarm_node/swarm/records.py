@@ -27,6 +27,7 @@ from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.serializer import MSGPackSerializer
 from pydantic import BaseModel, ConfigDict, Field
 
+from swarm_node.swarm import reasons
 from swarm_node.swarm.ratelimit import RateLimitedLog
 
 KINDS = ("batch", "params")
@@ -154,8 +155,6 @@ MAX_SUBKEY_BYTES = 1024  # an RSA-2048 owner subkey is ~400 B
 MAX_RECORD_TTL_S = 86_400.0  # a record may not ask to be kept for more than a day
 MAX_SUBKEYS_PER_KEY = 1024  # keeps one key's dictionary far below hivemind's 4 MiB message cap
 MAX_STORED_ENTRIES = 32_768  # records held by one DHT peer: at most ~128 MiB of values
-RECORD_REASONS = ("record_too_large", "record_ttl", "record_shape", "record_owner", "subkeys_full",
-                  "storage_full")
 REFUSALS: Counter = Counter()  # in the DHT child process; read by dht.record_refusals()
 _refusal_log = RateLimitedLog(logging.getLogger("swarm_node.dht"))
 
@@ -175,19 +174,19 @@ class RecordGuard(RecordValidatorBase):
 
     def validate(self, record: DHTRecord) -> bool:
         if len(record.value) > MAX_RECORD_BYTES or len(record.subkey) > MAX_SUBKEY_BYTES:
-            return _refuse("record_too_large", f"value {len(record.value)} B, subkey {len(record.subkey)} B")
+            return _refuse(reasons.RECORD_TOO_LARGE, f"value {len(record.value)} B, subkey {len(record.subkey)} B")
         if record.expiration_time > time.time() + MAX_RECORD_TTL_S:
-            return _refuse("record_ttl", f"expires {record.expiration_time - time.time():.0f}s from now")
+            return _refuse(reasons.RECORD_TTL, f"expires {record.expiration_time - time.time():.0f}s from now")
         try:
             subkey = MSGPackSerializer.loads(record.subkey)
         except Exception:
-            return _refuse("record_shape", "subkey is not msgpack")
+            return _refuse(reasons.RECORD_SHAPE, "subkey is not msgpack")
         if not (isinstance(subkey, bytes) and RSASignatureValidator._PUBLIC_KEY_RE.search(subkey)):
             return True  # not a swarm-node record: only the bounds above apply
         try:
             value = MSGPackSerializer.loads(record.value)
         except Exception:
-            return _refuse("record_shape", "value is not msgpack")
+            return _refuse(reasons.RECORD_SHAPE, "value is not msgpack")
         if value is None:
             return True  # a peer withdrawing its record
         rec = None
@@ -198,9 +197,9 @@ class RecordGuard(RecordValidatorBase):
             except (pv1.ValidationError, TypeError, ValueError):
                 continue
         if rec is None:
-            return _refuse("record_shape", "signed value is neither a member record nor an announcement")
+            return _refuse(reasons.RECORD_SHAPE, "signed value is neither a member record nor an announcement")
         if rec.peer_id != peer_id_of_subkey(subkey):
-            return _refuse("record_owner", f"record claims peer {rec.peer_id[:16]}, signed by another key")
+            return _refuse(reasons.RECORD_OWNER, f"record claims peer {rec.peer_id[:16]}, signed by another key")
         return True
 
 
@@ -220,14 +219,14 @@ def bounded_store_methods(max_subkeys: int = MAX_SUBKEYS_PER_KEY, max_entries: i
         listed = isinstance(held, DictionaryDHTValue)
         if not (listed and subkey in held):  # a new entry
             if listed and len(held) >= max_subkeys:
-                return _refuse("subkeys_full", f"a key already holds {max_subkeys} subkeys")
+                return _refuse(reasons.SUBKEYS_FULL, f"a key already holds {max_subkeys} subkeys")
             if total(self) >= max_entries:
-                return _refuse("storage_full", f"{max_entries} records stored")
+                return _refuse(reasons.STORAGE_FULL, f"{max_entries} records stored")
         return original_subkey(self, key, subkey, value, expiration_time)
 
     def store(self, key, value, expiration_time, subkey=None) -> bool:
         if subkey is None and self.get(key) is None and total(self) >= max_entries:
-            return _refuse("storage_full", f"{max_entries} records stored")
+            return _refuse(reasons.STORAGE_FULL, f"{max_entries} records stored")
         return original_store(self, key, value, expiration_time, subkey)
 
     return store, store_subkey

@@ -19,13 +19,15 @@ from dataclasses import dataclass
 
 from hivemind.p2p import P2P, PeerID
 
+from swarm_node.swarm import reasons
+
 HANDLER = "swarm-node.blob.v1"
 CHUNK = 2**20
 MAX_REQUEST = 1024
 MAX_KIND_CHARS = 32
 FOUND, MISSING, BUSY = b"\x01", b"\x00", b"\x02"
 BUSY_RETRY_S = 0.5
-UPLOAD_REASONS = frozenset({"bad_request", "request_timeout", "upload_busy", "upload_timeout"})
+UPLOAD_REASONS = frozenset(reasons.UPLOAD_REASONS)
 """Refusals the blob handler counts (as `swarm:<reason>`); the set is fixed, so peers cannot grow it."""
 
 
@@ -72,16 +74,16 @@ def parse_request(raw: bytes, kinds: frozenset[str] | None = None) -> tuple[str,
     try:
         req = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise BadRequest("bad_request", f"not JSON ({type(exc).__name__})") from None
+        raise BadRequest(reasons.BAD_REQUEST, f"not JSON ({type(exc).__name__})") from None
     if not isinstance(req, dict):
-        raise BadRequest("bad_request", f"request is a JSON {type(req).__name__}, not an object")
+        raise BadRequest(reasons.BAD_REQUEST, f"request is a JSON {type(req).__name__}, not an object")
     if set(req) != {"kind", "round"}:
-        raise BadRequest("bad_request", f"request has keys {sorted(map(str, req))[:4]}, not kind and round")
+        raise BadRequest(reasons.BAD_REQUEST, f"request has keys {sorted(map(str, req))[:4]}, not kind and round")
     kind, round_ = req["kind"], req["round"]
     if not isinstance(kind, str) or not 0 < len(kind) <= MAX_KIND_CHARS or (kinds is not None and kind not in kinds):
-        raise BadRequest("bad_request", f"unknown kind {str(kind)[:MAX_KIND_CHARS]!r}")
+        raise BadRequest(reasons.BAD_REQUEST, f"unknown kind {str(kind)[:MAX_KIND_CHARS]!r}")
     if isinstance(round_, bool) or not isinstance(round_, int) or not 0 <= round_ < 2**63:
-        raise BadRequest("bad_request", f"round is not an int in [0, 2**63): {str(round_)[:24]}")
+        raise BadRequest(reasons.BAD_REQUEST, f"round is not an int in [0, 2**63): {str(round_)[:24]}")
     return kind, round_
 
 
@@ -90,10 +92,10 @@ async def _read_request(reader: asyncio.StreamReader, kinds, timeout: float) -> 
         head = await asyncio.wait_for(reader.readexactly(2), timeout)
         size = int.from_bytes(head, "big")
         if not 0 < size <= MAX_REQUEST:
-            raise BadRequest("bad_request", f"request length {size} not in 1..{MAX_REQUEST}")
+            raise BadRequest(reasons.BAD_REQUEST, f"request length {size} not in 1..{MAX_REQUEST}")
         raw = await asyncio.wait_for(reader.readexactly(size), timeout)
     except asyncio.TimeoutError:
-        raise BadRequest("request_timeout", f"no complete request within {timeout:.0f}s") from None
+        raise BadRequest(reasons.REQUEST_TIMEOUT, f"no complete request within {timeout:.0f}s") from None
     return parse_request(raw, kinds)
 
 
@@ -118,7 +120,7 @@ def make_handler(lookup: BlobLookup, on_sent: Callable[[int], None], on_refused:
         streams[peer] += 1
         try:
             if streams[peer] > limits.per_peer:
-                refuse("upload_busy", peer, f"more than {limits.per_peer} open streams from this peer")
+                refuse(reasons.UPLOAD_BUSY, peer, f"more than {limits.per_peer} open streams from this peer")
                 await _write(writer, BUSY, limits.write_timeout_s)
                 return
             kind, round_ = await _read_request(reader, kinds, limits.request_timeout_s)
@@ -129,7 +131,7 @@ def make_handler(lookup: BlobLookup, on_sent: Callable[[int], None], on_refused:
             try:
                 await asyncio.wait_for(uploads.acquire(), limits.slot_wait_s)
             except asyncio.TimeoutError:
-                refuse("upload_busy", peer, f"no upload slot free within {limits.slot_wait_s:.0f}s")
+                refuse(reasons.UPLOAD_BUSY, peer, f"no upload slot free within {limits.slot_wait_s:.0f}s")
                 await _write(writer, BUSY, limits.write_timeout_s)
                 return
             try:
@@ -139,7 +141,7 @@ def make_handler(lookup: BlobLookup, on_sent: Callable[[int], None], on_refused:
                 for off in range(0, len(view), CHUNK):
                     await _write(writer, view[off : off + CHUNK], limits.write_timeout_s)
             except asyncio.TimeoutError:
-                refuse("upload_timeout", peer, f"{kind} round {round_}: a {CHUNK >> 20} MiB chunk did not drain "
+                refuse(reasons.UPLOAD_TIMEOUT, peer, f"{kind} round {round_}: a {CHUNK >> 20} MiB chunk did not drain "
                        f"within {limits.write_timeout_s:.0f}s; upload cut off")
                 return
             finally:
@@ -178,7 +180,7 @@ async def download(
             return await _download_once(p2p, peer_id, kind, round_, expected_size=expected_size,
                                         expected_sha256=expected_sha256, max_bytes=max_bytes, on_received=on_received)
         except TransferError as exc:
-            if exc.reason != "busy":
+            if exc.reason != reasons.BUSY:
                 raise
         await asyncio.sleep(BUSY_RETRY_S)
 
@@ -197,22 +199,22 @@ async def _download_once(
     try:
         _info, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), HANDLER)
     except Exception as exc:  # p2pd reports dial failures as P2PDaemonError / ControlFailure
-        raise TransferError("stream_error", f"cannot open stream: {exc}") from None
+        raise TransferError(reasons.STREAM_ERROR, f"cannot open stream: {exc}") from None
     try:
         req = json.dumps({"kind": kind, "round": round_}).encode()
         writer.write(len(req).to_bytes(2, "big") + req)
         await writer.drain()
         status = await reader.readexactly(1)
         if status == BUSY:
-            raise TransferError("busy", f"{peer_id[-8:]} has no upload slot free")
+            raise TransferError(reasons.BUSY, f"{peer_id[-8:]} has no upload slot free")
         if status != FOUND:
-            raise TransferError("not_found", f"{kind} round {round_} no longer kept")
+            raise TransferError(reasons.NOT_FOUND, f"{kind} round {round_} no longer kept")
         header = await reader.readexactly(8 + 32)
         length = int.from_bytes(header[:8], "big")
         if length > max_bytes:
-            raise TransferError("too_large", f"{length} bytes > limit {max_bytes}")
+            raise TransferError(reasons.TOO_LARGE, f"{length} bytes > limit {max_bytes}")
         if length != expected_size:
-            raise TransferError("size_mismatch", f"{length} bytes, announced {expected_size}")
+            raise TransferError(reasons.SIZE_MISMATCH, f"{length} bytes, announced {expected_size}")
         digest = hashlib.sha256()
         parts = []
         remaining = length
@@ -223,10 +225,10 @@ async def _download_once(
             digest.update(part)
             parts.append(part)
         if digest.hexdigest() != expected_sha256:
-            raise TransferError("digest_mismatch", f"sha256 {digest.hexdigest()[:12]}.. != announced {expected_sha256[:12]}..")
+            raise TransferError(reasons.DIGEST_MISMATCH, f"sha256 {digest.hexdigest()[:12]}.. != announced {expected_sha256[:12]}..")
         return b"".join(parts)
     except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-        raise TransferError("stream_error", f"{type(exc).__name__}: {exc}") from None
+        raise TransferError(reasons.STREAM_ERROR, f"{type(exc).__name__}: {exc}") from None
     finally:
         writer.close()
 
@@ -235,4 +237,4 @@ async def with_deadline(coro: Awaitable[bytes], timeout: float) -> bytes:
     try:
         return await asyncio.wait_for(coro, max(timeout, 0.0))
     except asyncio.TimeoutError:
-        raise TransferError("timeout", f"no complete blob within {timeout:.1f}s") from None
+        raise TransferError(reasons.TIMEOUT, f"no complete blob within {timeout:.1f}s") from None

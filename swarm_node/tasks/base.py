@@ -3,6 +3,12 @@
 Prompt ids are stable across nodes: a receiver rebuilds the prompt (and its reference answer) from the
 id alone with `prompt_from_id`, so it can recompute the reward of a peer's completion instead of trusting
 the peer's claim.
+
+A task has a *universe* and a *mix*. The universe is everything a receiver needs to rebuild a prompt from
+its id and score it (the problem space, datasets and their configs, the data file); its id, `task_id`,
+goes on the wire, and peers of another universe are declined. The mix is how often this node samples each
+part of the universe (`parts`: operators, datasets, ...): a local setting, not on the wire, so peers with
+different mixes train together.
 """
 
 from __future__ import annotations
@@ -21,10 +27,19 @@ class Prompt:
 
 
 class Task(ABC):
-    """A verifiable task. `task_id` goes on the wire; peers with another task_id are declined."""
+    """A verifiable task. `task_id` names its universe and goes on the wire; peers with another are declined.
+
+    The mix (`mix`: part -> share of this node's training prompts) is local: it is not part of `task_id`.
+    """
 
     task_id: str
     splits: tuple[str, ...] = ("id",)
+    parts: tuple[str, ...] = ()  # the universe's parts (eval reports each); empty: the task is one part
+    mix: dict[str, float] = {}   # part -> share of this node's training prompts (sums to 1); empty: no parts
+
+    def part_of(self, prompt: Prompt) -> str | None:
+        """The part a prompt belongs to (evaluation per part); None when the task has no parts."""
+        return None
 
     @abstractmethod
     def train_prompts(self, n: int, rng: np.random.Generator) -> list[Prompt]:

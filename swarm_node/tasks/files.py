@@ -7,6 +7,10 @@ imported and tried once on the first record at start, so a typo or a bad signatu
 
 The task id carries a fingerprint of the data and the settings, so nodes with other data decline each
 other; prompt ids are "files:<fp8>:<row>". The held-out set is task.eval_data_path or the last 10% of rows.
+
+With `task.part_field`, each record names its part (a subject, a skill); the node's mix (`task.mix`) weights
+the parts it samples and the eval reports each part. Neither is in the task id: peers with the same data and
+other mixes (or another part field) share a swarm.
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ import numpy as np
 
 from swarm_node.errors import UserFacingError
 from swarm_node.tasks.base import Prompt, Task
+from swarm_node.tasks.mix import parse_mix
 
 MAX_ID_LEN = 64
 MAX_FIELD_CHARS = 16_384
+MAX_PARTS = 64  # eval reports every part in every metrics row: a part field is a category, not an id
 
 
 # --- reading records --------------------------------------------------------------------------------
-def _check(path: Path, where: str, record: Any, fields: tuple[str, str]) -> tuple[str, str]:
+def _check(path: Path, where: str, record: Any, fields: tuple[str, ...]) -> tuple[str, ...]:
     if not isinstance(record, dict):
         raise UserFacingError(f"{path}: {where}: expected an object with {fields[0]!r} and {fields[1]!r}, "
                               f"got {type(record).__name__}")
@@ -48,10 +54,10 @@ def _check(path: Path, where: str, record: Any, fields: tuple[str, str]) -> tupl
         if len(value) > MAX_FIELD_CHARS:
             raise UserFacingError(f"{path}: {where}: field {key!r} is longer than {MAX_FIELD_CHARS} characters")
         out.append(value)
-    return out[0], out[1]
+    return tuple(out)
 
 
-def _jsonl(path: Path, fields: tuple[str, str]) -> list[tuple[str, str]]:
+def _jsonl(path: Path, fields: tuple[str, ...]) -> list[tuple[str, ...]]:
     rows = []
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
@@ -69,15 +75,16 @@ def _jsonl(path: Path, fields: tuple[str, str]) -> list[tuple[str, str]]:
     return rows
 
 
-def _table_rows(path: Path, columns: list[str], get: Callable[[str], list], fields: tuple[str, str]):
+def _table_rows(path: Path, columns: list[str], get: Callable[[str], list], fields: tuple[str, ...]):
     for key in fields:
         if key not in columns:
             raise UserFacingError(f"{path}: missing field {key!r} (columns: {', '.join(columns)})")
-    a, b = get(fields[0]), get(fields[1])
-    return [_check(path, f"row {i + 1}", {fields[0]: x, fields[1]: y}, fields) for i, (x, y) in enumerate(zip(a, b, strict=True))]
+    cols = [get(f) for f in fields]
+    return [_check(path, f"row {i + 1}", dict(zip(fields, values, strict=True)), fields)
+            for i, values in enumerate(zip(*cols, strict=True))]
 
 
-def _parquet(path: Path, fields: tuple[str, str]) -> list[tuple[str, str]]:
+def _parquet(path: Path, fields: tuple[str, ...]) -> list[tuple[str, ...]]:
     import pyarrow.parquet as pq
 
     try:
@@ -87,7 +94,7 @@ def _parquet(path: Path, fields: tuple[str, str]) -> list[tuple[str, str]]:
     return _table_rows(path, table.column_names, lambda c: table.column(c).to_pylist(), fields)
 
 
-def _hf_dir(path: Path, fields: tuple[str, str], split: str) -> list[tuple[str, str]]:
+def _hf_dir(path: Path, fields: tuple[str, ...], split: str) -> list[tuple[str, ...]]:
     try:
         import datasets
     except ImportError:
@@ -104,8 +111,9 @@ def _hf_dir(path: Path, fields: tuple[str, str], split: str) -> list[tuple[str, 
     return _table_rows(path, list(ds.column_names), lambda c: ds[c], fields)
 
 
-def read_records(path: str | Path, fields: tuple[str, str], split: str = "train") -> list[tuple[str, str]]:
-    """(prompt, answer) pairs of a .jsonl / .parquet file or a datasets directory (its `split` if it has splits)."""
+def read_records(path: str | Path, fields: tuple[str, ...], split: str = "train") -> list[tuple[str, ...]]:
+    """The `fields` of each record, e.g. (prompt, answer), of a .jsonl / .parquet file or a datasets directory
+    (its `split` if it has splits)."""
     p = Path(path).expanduser()
     if p.is_dir():
         rows = _hf_dir(p, fields, split)
@@ -171,15 +179,16 @@ class FilesTask(Task):
 
     def __init__(self, data_path: str | Path, *, eval_data_path: str | Path | None = None,
                  prompt_field: str = "prompt", answer_field: str = "answer", reward: str | None = None,
-                 eval_fraction: float = 0.1) -> None:
+                 eval_fraction: float = 0.1, part_field: str | None = None, mix: Any = None) -> None:
         fields = (prompt_field, answer_field)
+        read = fields + ((part_field,) if part_field else ())
         self.data_path = Path(data_path).expanduser()
-        rows = read_records(self.data_path, fields, "train")
+        rows = read_records(self.data_path, read, "train")
         if eval_data_path is not None:
-            eval_rows = read_records(eval_data_path, fields, "train")
+            eval_rows = read_records(eval_data_path, read, "train")
             self._n_train = len(rows)
         elif self.data_path.is_dir() and _has_split(self.data_path, "test"):
-            eval_rows = read_records(self.data_path, fields, "test")
+            eval_rows = read_records(self.data_path, read, "test")
             self._n_train = len(rows)
         else:
             if len(rows) < 2:
@@ -189,23 +198,62 @@ class FilesTask(Task):
             self._n_train = len(rows) - n_eval
             eval_rows = rows[self._n_train:]
             rows = rows[: self._n_train]
-        held = {p for p, _ in eval_rows}
+        held = {r[0] for r in eval_rows}
         self._rows = [r for r in rows if r[0] not in held]  # an eval prompt never trains, even if repeated
         if not self._rows:
             raise UserFacingError(f"{self.data_path}: every training prompt is also in the eval data")
         self._n_train = len(self._rows)
         self._eval = eval_rows
         self.reward_fn = load_reward(reward, self._rows[0]) if reward else exact_match
+        # the universe: the data, the fields that make a prompt and its answer, the reward, the eval data
         blob = json.dumps([_fingerprint(self.data_path), fields, reward, str(eval_data_path or "")])
         self.fp = hashlib.sha256(blob.encode()).hexdigest()[:8]
         self.task_id = f"files-{self.fp}"
+        self._set_parts(part_field, mix)
 
-    def _prompt(self, kind: str, i: int, row: tuple[str, str]) -> Prompt:
+    def _set_parts(self, part_field: str | None, mix: Any) -> None:
+        """Parts from the part field's values; the mix weights them (default: each part as often as its rows)."""
+        self._by_part: dict[str, np.ndarray] = {}
+        if part_field is None:
+            if mix is not None:
+                raise UserFacingError("task.mix needs task.part_field for the files task (the record field that "
+                                      "names each record's part)")
+            return
+        values = sorted({r[2] for r in self._rows} | {r[2] for r in self._eval})
+        if len(values) > MAX_PARTS:
+            raise UserFacingError(f"task.part_field {part_field!r} has {len(values)} distinct values; at most "
+                                  f"{MAX_PARTS} parts (a category such as a subject, not an id)")
+        self.parts = tuple(values)
+        column = np.array([r[2] for r in self._rows], dtype=object)
+        self._by_part = {v: np.flatnonzero(column == v) for v in values}
+        default = {v: float(len(ix)) for v, ix in self._by_part.items()}
+        self.mix = parse_mix(mix, self.parts, default)
+        for v, ix in self._by_part.items():
+            if self.mix[v] > 0 and ix.size == 0:
+                raise UserFacingError(f"task.mix.{v}: part {v!r} has eval records only, nothing to train on")
+
+    def _prompt(self, kind: str, i: int, row: tuple[str, ...]) -> Prompt:
         return Prompt(id=f"files:{self.fp}:{kind}{i}", text=row[0], answer=row[1])
 
     def train_prompts(self, n: int, rng: np.random.Generator) -> list[Prompt]:
-        idx = rng.choice(self._n_train, size=n, replace=n > self._n_train)
+        """n rows, distinct when there are enough; with parts, each part's share of them by the mix."""
+        if not self._by_part:
+            idx = rng.choice(self._n_train, size=n, replace=n > self._n_train)
+        else:
+            names = list(self.parts)
+            counts = np.bincount(rng.choice(len(names), size=n, p=[self.mix[v] for v in names]),
+                                 minlength=len(names))
+            idx = np.concatenate([rng.choice(self._by_part[v], size=c, replace=c > self._by_part[v].size)
+                                  for v, c in zip(names, counts, strict=True) if c])
         return [self._prompt("", int(i), self._rows[int(i)]) for i in idx]
+
+    def part_of(self, prompt: Prompt) -> str | None:
+        """The record's part field (None without one, or for an id that is not ours)."""
+        if not self._by_part:
+            return None
+        digits = prompt.id.rsplit(":", 1)[-1]
+        rows, digits = (self._eval, digits[1:]) if digits.startswith("e") else (self._rows, digits)
+        return rows[int(digits)][2] if digits.isdigit() and int(digits) < len(rows) else None
 
     def eval_prompts(self, split: str, n: int) -> list[Prompt]:
         if split != "id":

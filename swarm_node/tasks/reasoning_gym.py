@@ -3,8 +3,10 @@
 
 A task is a weighted mixture of reasoning-gym datasets, each with its own generator config. Problem `i`
 of a dataset is a pure function of (dataset, config, seed, i) (reasoning-gym seeds item i with
-`Random(seed + i)`), so a prompt id `rg:<spec fp>:<dataset>:<i>` lets any peer with the same task rebuild
-the question and the reference entry, and recompute the reward of a peer's completion locally.
+`Random(seed + i)`), so a prompt id `rg:<universe fp>:<dataset>:<i>` lets any peer with the same universe
+(dataset names, configs, templates and seed; not the weights) rebuild the question and the reference entry,
+and recompute the reward of a peer's completion locally. The weights are this node's mix: peers that sample
+the same datasets in other proportions, or only some of them (weight 0), share a swarm.
 
 Held-out problems are chosen by a hash of the *question text* (one in EVAL_MODULUS): the same problems on
 every node, and a problem that the generator happens to produce under several indices is held out under
@@ -23,13 +25,17 @@ from typing import Any
 import numpy as np
 
 from swarm_node.errors import UserFacingError
+from swarm_node.tasks.answers import first_line_answer
 from swarm_node.tasks.base import Prompt, Task
+from swarm_node.tasks.mix import parse_mix
+from swarm_node.tasks.prompt_forms import check_form, question_text, task_id_for
 
 EVAL_MODULUS = 10
 SIZE = 1_000_000            # index range of each dataset (reasoning-gym needs a size; items are made on demand)
 BASE_SEED = 20_250_101      # fixed: problem i is the same on every node
 MAX_ID_LEN = 96
 MAX_ANSWER_CHARS = 256      # completions are truncated to this before scoring (score_answer may be slow)
+SHOTS = 2                   # solved examples in a "fewshot" prompt
 _CACHE = 4096               # entries kept for rewarding (a round needs a few hundred)
 _ID_RE = re.compile(r"rg:([0-9a-f]{8}):([a-z0-9_]{1,48}):(0|[1-9][0-9]{0,6})")
 
@@ -70,8 +76,9 @@ def parse_datasets(datasets: Any) -> list[DatasetSpec]:
         if template is not None and (not isinstance(template, str) or not template):
             raise UserFacingError(f"task.datasets.{name}.template must be a non-empty string, got {template!r}")
         weight = opts.get("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
-            raise UserFacingError(f"task.datasets.{name}.weight must be a positive number, got {weight!r}")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0 or weight == float("inf"):
+            raise UserFacingError(f"task.datasets.{name}.weight must be a non-negative number (0: in the universe, "
+                                  f"never sampled here), got {weight!r}")
         config = opts.get("config") or {}
         if not isinstance(config, dict):
             raise UserFacingError(f"task.datasets.{name}.config must be a mapping, got {config!r}")
@@ -109,6 +116,12 @@ def _make_dataset(spec: DatasetSpec, seed: int) -> Any:
     return ds
 
 
+def universe_fp(specs: list[DatasetSpec], seed: int) -> str:
+    """8 hex digits naming the universe: dataset names, configs, templates and seed (not the weights: the mix)."""
+    blob = json.dumps(sorted([s.name, s.config, s.template] for s in specs) + [seed], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+
 def _render(template: str, entry: dict) -> str:
     """A prompt from an entry: {question} and {metadata[key]} (the answer is not offered)."""
     return template.format(question=entry["question"], metadata=entry.get("metadata", {}))
@@ -123,18 +136,21 @@ class ReasoningGymTask(Task):
 
     splits = ("id",)
 
-    def __init__(self, datasets: Any, seed: int = BASE_SEED) -> None:
-        self.specs = parse_datasets(datasets)
+    def __init__(self, datasets: Any, seed: int = BASE_SEED, form: str = "bare", mix: Any = None) -> None:
+        self.specs = sorted(parse_datasets(datasets), key=lambda s: s.name)  # the order a user lists them is no identity
         self.seed = seed
-        spec_blob = json.dumps([[s.name, s.weight, s.config, s.template] for s in self.specs] + [seed],
-                               sort_keys=True)
+        self.form = check_form(form)  # task.prompt_form: bare question, few-shot prefix or chat instruction
+        self.fp = universe_fp(self.specs, seed)
+        self.task_id = task_id_for(f"reasoning-gym-{self.fp}", form)
+        self.parts = tuple(s.name for s in self.specs)
         self._templates = {s.name: s.template for s in self.specs}
-        self.fp = hashlib.sha256(spec_blob.encode()).hexdigest()[:8]
-        self.task_id = f"reasoning-gym-{self.fp}"
         self._ds = {s.name: _make_dataset(s, seed) for s in self.specs}
-        w = np.array([s.weight for s in self.specs])
-        self._weights = w / w.sum()
+        weights = {s.name: s.weight for s in self.specs}
+        self.mix = parse_mix(weights if mix is None else mix, self.parts, weights,
+                             "task.datasets weights" if mix is None else "task.mix")
+        self._weights = np.array([self.mix[s.name] for s in self.specs])
         self._entries: OrderedDict[str, dict] = OrderedDict()
+        self._shots: dict[str, list[tuple[str, str]]] = {}
 
     # --- problems -------------------------------------------------------------------------------
     def _entry(self, name: str, i: int) -> dict:
@@ -149,17 +165,36 @@ class ReasoningGymTask(Task):
             self._entries.move_to_end(key)
         return entry
 
-    def _prompt(self, name: str, i: int, entry: dict) -> Prompt:
+    def _question(self, name: str, entry: dict) -> str:
         template = self._templates[name]
-        text = entry["question"] if template is None else _render(template, entry)
+        return entry["question"] if template is None else _render(template, entry)
+
+    def _prompt(self, name: str, i: int, entry: dict) -> Prompt:
+        text = question_text(self.form, self._question(name, entry), self._fewshot(name))
         return Prompt(id=f"rg:{self.fp}:{name}:{i}", text=text, answer=entry["answer"])
+
+    def _fewshot(self, name: str) -> list[tuple[str, str]]:
+        """The dataset's first SHOTS training problems with their answers (never held-out ones), for "fewshot"."""
+        if self.form != "fewshot":
+            return []
+        if name not in self._shots:
+            shots, i = [], 0
+            while len(shots) < SHOTS:
+                entry = self._ds[name][i]
+                if not self._held_out(name, entry):
+                    shots.append((self._question(name, entry), entry["answer"]))
+                i += 1
+            self._shots[name] = shots
+        return self._shots[name]
 
     def _held_out(self, name: str, entry: dict) -> bool:
         return _hash_int(f"{name}\0{entry['question']}") % EVAL_MODULUS == 0
 
-    def dataset_of(self, prompt: Prompt) -> str:
-        """The dataset a prompt comes from (eval reports accuracy per dataset)."""
+    def part_of(self, prompt: Prompt) -> str:
+        """The dataset a prompt comes from: reasoning-gym's parts (eval reports accuracy per dataset)."""
         return prompt.id.split(":")[2]
+
+    dataset_of = part_of
 
     def train_prompts(self, n: int, rng: np.random.Generator) -> list[Prompt]:
         """n distinct training problems; each picks its dataset by weight, then a non-held-out index."""
@@ -214,13 +249,15 @@ class ReasoningGymTask(Task):
         return self._entry(m.group(2), int(m.group(3)))
 
     def reward(self, prompt: Prompt, completion: str) -> float:
-        """The dataset's own score_answer on the stripped completion, clipped to [0, 1]."""
+        """The dataset's own score_answer on the stripped completion, clipped to [0, 1]; the fewshot and chat
+        forms score the answer line only (tasks/answers.py), so made-up follow-ups cost nothing."""
         entry = self._entry_for(prompt)
         if entry is None:
             return 0.0
         name = prompt.id.split(":")[2]
         try:
-            r = float(self._ds[name].score_answer(completion.strip()[:MAX_ANSWER_CHARS], entry))
+            text = completion.strip() if self.form == "bare" else first_line_answer(completion)
+            r = float(self._ds[name].score_answer(text[:MAX_ANSWER_CHARS], entry))
         except Exception:  # a scorer that chokes on odd text: that text is simply wrong
             return 0.0
         return min(1.0, max(0.0, r)) if np.isfinite(r) else 0.0

@@ -201,8 +201,12 @@ class HeldOut:
         self.ref_chosen, self.ref_rejected = reference_logps(model, self.data)
 
     @torch.no_grad()
+    def scores(self, model: Any, beta: float = 0.1, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+        """(DPO loss, per-pair implicit reward margins) of the held-out pairs under `model`."""
+        pc, pr = reference_logps(model, self.data, batch_size)
+        return dpo_loss(pc, pr, self.ref_chosen, self.ref_rejected, beta)
+
     def evaluate(self, model: Any, beta: float = 0.1, batch_size: int = 64) -> dict[str, float]:
         """Preference accuracy = fraction of pairs whose implicit reward margin is > 0, and the DPO loss."""
-        pc, pr = reference_logps(model, self.data, batch_size)
-        loss, margin = dpo_loss(pc, pr, self.ref_chosen, self.ref_rejected, beta)
+        loss, margin = self.scores(model, beta, batch_size)
         return {"heldout_pref_acc": float((margin > 0).float().mean()), "heldout_dpo_loss": float(loss)}

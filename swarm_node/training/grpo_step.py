@@ -3,10 +3,15 @@
 Memory is bounded by ``micro_batch_size`` sequences per forward. Each micro-batch's loss is a *sum* over
 its kept sequences; after all micro-batches the gradient is divided by the global kept count, so the
 update equals the full-batch loss gradient whatever the micro-batch size.
+
+(Over ~500 lines because the trainer's forward variants, row by row and over a shared prompt prefix with
+lm_head on completion positions only, share its micro-batching and are checked against each other in
+tests/test_grpo_step.py; the F-TIS loss itself is in training/ftis.py.)
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass, field
@@ -21,6 +26,7 @@ from swarm_node.training.groups import TrainGroup
 from swarm_node.training.optim import build_optimizer, set_lr
 from swarm_node.training.params import trainable_parameters
 
+MIN_SHARED_PREFIX = 8  # tokens all prompts of a micro-batch share before that prefix gets a forward of its own
 DEFAULT_LR = 1e-6  # paper's full-model lr; used only when neither cfg.lr nor a preset default is given
 
 
@@ -137,6 +143,8 @@ class GRPOTrainer:
         self.lr = cfg.lr if cfg.lr is not None else (lr_default if lr_default is not None else DEFAULT_LR)
         self.optimizer = build_optimizer(self.params, cfg.optimizer, self.lr, cfg.weight_decay)
         self.steps_done = 0
+        self._keep_name: str | None = None  # the forward's logits_to_keep argument, found on first use
+        self._cache_in_name: str | None = None  # the forward's KV-cache argument, found on first use
 
     # ---- data -------------------------------------------------------------------------------------
 
@@ -164,45 +172,162 @@ class GRPOTrainer:
         return batch
 
     def _micro_batches(self, n: int, seqs: list[TrainSequence]) -> list[list[int]]:
-        """Indices grouped by similar length (less padding); the order does not change the result."""
-        order = sorted(range(n), key=lambda i: len(seqs[i].ids))
+        """Indices grouped by prompt, then by similar length (less padding, and a group's completions share
+        one prompt forward); the order does not change the result."""
+        order = sorted(range(n), key=lambda i: (seqs[i].prompt_len, seqs[i].ids[: seqs[i].prompt_len].tobytes(),
+                                                len(seqs[i].ids)))
         mb = self.cfg.micro_batch_size
         return [order[k : k + mb] for k in range(0, n, mb)]
 
     def _forward_logp(self, seqs: list[TrainSequence]) -> tuple[Tensor, Tensor, Tensor]:
-        """Completion-aligned log pi_theta [b, Cmax] (fp32 log-softmax), mask, behaviour log-probs."""
+        """Completion-aligned log pi_theta [b, Cmax] (fp32 log-softmax), mask, behaviour log-probs.
+
+        Both paths run the output head (a 49k x 576 matmul on SmolLM2, ~20% of its forward) only on the
+        positions that predict completion tokens, never on prompt positions. When several sequences share a
+        prompt (a group's G completions) and the model can continue from a KV cache, each distinct prompt is
+        run once and its keys and values are indexed out to its completions (`_forward_shared`): the
+        gradient flows back through them, so the result is the same as one forward per sequence, at a
+        fraction of the cost when prompts are longer than completions (chat templates). Otherwise every row
+        is run whole (`_forward_rows`).
+        """
         b = len(seqs)
-        lmax = max(len(s.ids) for s in seqs)
         cmax = max(s.completion_len for s in seqs)
-        ids = torch.full((b, lmax), self.pad_token_id, dtype=torch.long)
-        attn = torch.zeros((b, lmax), dtype=torch.long)
         mask = torch.zeros((b, cmax), dtype=torch.bool)
         beh = torch.zeros((b, cmax), dtype=torch.float32)
-        rows, cols, js = [], [], []
+        rows, js, targets = [], [], []
         for r, s in enumerate(seqs):
-            n, c = len(s.ids), s.completion_len
-            ids[r, :n] = torch.from_numpy(s.ids)
-            attn[r, :n] = 1
+            c = s.completion_len
             mask[r, :c] = True
             beh[r, :c] = torch.from_numpy(s.behaviour)
             rows.append(torch.full((c,), r, dtype=torch.long))
-            cols.append(torch.arange(s.prompt_len - 1, n - 1))  # logits at t predict token t + 1
             js.append(torch.arange(c))
+            targets.append(torch.from_numpy(s.ids[s.prompt_len:]))
         dev = self.device
-        ids, attn = ids.to(dev), attn.to(dev)
-        row, col, j = torch.cat(rows).to(dev), torch.cat(cols).to(dev), torch.cat(js).to(dev)
-        # right padding: valid tokens sit at positions 0..n-1 and never attend to the pads after them.
-        position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
-        logits = self.model(
-            input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False
-        ).logits
-        sel = logits[row, col].float()
+        row, j, target = torch.cat(rows).to(dev), torch.cat(js).to(dev), torch.cat(targets).to(dev)
+        prompts = {s.ids[: s.prompt_len].tobytes() for s in seqs}
+        if len(prompts) < b and self._can_share_prompts():
+            logits = self._forward_shared(seqs, cmax)
+        else:
+            logits = self._forward_rows(seqs, cmax)
+        sel = logits[row, j].float()  # [tokens, V]: only completion positions
         if self.temperature != 1.0:
             sel = sel / self.temperature
-        targets = ids[row, col + 1]
-        lp = sel.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(sel, dim=-1)
+        lp = sel.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(sel, dim=-1)
         logp = torch.zeros((b, cmax), dtype=torch.float32, device=dev).index_put((row, j), lp)
         return logp, mask.to(dev), beh.to(dev)
+
+    def _forward_rows(self, seqs: list[TrainSequence], cmax: int) -> Tensor:
+        """Logits [b, Cmax, V] predicting each completion token, one whole row per sequence.
+
+        Prompts are left-padded and completions right-padded, so every row's completion starts at the same
+        column and `logits_to_keep` = Cmax + 1 keeps exactly the predicting positions. Position ids count real
+        tokens only, so the padding moves nothing.
+        """
+        b = len(seqs)
+        pmax = max(s.prompt_len for s in seqs)
+        ids = torch.full((b, pmax + cmax), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((b, pmax + cmax), dtype=torch.long)
+        for r, s in enumerate(seqs):
+            p, c = s.prompt_len, s.completion_len
+            ids[r, pmax - p : pmax + c] = torch.from_numpy(s.ids)
+            attn[r, pmax - p : pmax + c] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
+        # logits at column pmax - 1 + j predict completion token j: the last cmax + 1 columns, minus the last
+        return self.model(
+            input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
+            **self._keep_kwargs(cmax + 1),
+        ).logits[:, -(cmax + 1) : -1]
+
+    def _forward_shared(self, seqs: list[TrainSequence], cmax: int) -> Tensor:
+        """Logits [b, Cmax, V] as `_forward_rows`, with one forward per distinct prompt.
+
+        Distinct prompts (left-padded) run once with a cache; the last position's logits predict completion
+        token 0; the cache is indexed out to the b sequences (a differentiable gather) and the completions
+        (right-padded) run on top of it, their first Cmax - 1 positions predicting tokens 1..Cmax-1.
+        """
+        dev = self.device
+        slot: dict[bytes, int] = {}
+        owner = [slot.setdefault(s.ids[: s.prompt_len].tobytes(), len(slot)) for s in seqs]
+        uniq: list[np.ndarray] = [np.empty(0)] * len(slot)
+        for s, k in zip(seqs, owner, strict=True):
+            uniq[k] = s.ids[: s.prompt_len]
+        out, cache, p_attn = self._prompt_forward(uniq)
+        index = torch.tensor(owner, dtype=torch.long, device=dev)
+        cache.batch_select_indices(index)
+        b = len(seqs)
+        c_ids = torch.full((b, cmax), self.pad_token_id, dtype=torch.long)
+        c_attn = torch.zeros((b, cmax), dtype=torch.long)
+        for r, s in enumerate(seqs):
+            c_ids[r, : s.completion_len] = torch.from_numpy(s.ids[s.prompt_len :])
+            c_attn[r, : s.completion_len] = 1
+        c_ids, c_attn = c_ids.to(dev), c_attn.to(dev)
+        positions = p_attn.sum(1)[index][:, None] + torch.arange(cmax, device=dev)[None]
+        first = out.logits[:, -1][index][:, None]  # [b, 1, V]
+        if cmax == 1:
+            return first
+        rest = self.model(input_ids=c_ids[:, : cmax - 1], attention_mask=torch.cat([p_attn[index], c_attn[:, : cmax - 1]], 1),
+                          position_ids=positions[:, : cmax - 1], use_cache=True, **{self._cache_in_name: cache},
+                          **self._keep_kwargs(cmax - 1)).logits
+        return torch.cat([first, rest], dim=1)
+
+    def _prompt_forward(self, prompts: list[np.ndarray]) -> tuple[object, object, Tensor]:
+        """Run distinct prompts with a cache -> (output, cache, attention mask [u, L]).
+
+        A prefix all of them share (the chat template's system turn) runs once, its cache repeated per prompt
+        (differentiable, like the later gather), and the rest of each prompt runs on top, left-padded behind
+        the prefix with its pads masked and skipped by the position ids.
+        """
+        dev, u = self.device, len(prompts)
+        shared = min(_shared_prefix(prompts), min(len(p) for p in prompts) - 1) if u > 1 else 0
+        cache, head, offset = None, torch.zeros((u, 0), dtype=torch.long, device=dev), 0
+        if shared >= MIN_SHARED_PREFIX:
+            prefix = torch.from_numpy(prompts[0][:shared])[None].to(dev)
+            first = self.model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True,
+                               position_ids=torch.arange(shared, device=dev)[None], **self._keep_kwargs(1))
+            cache = getattr(first, self._cache_out_name(first))
+            cache.batch_repeat_interleave(u)
+            head, offset = torch.ones((u, shared), dtype=torch.long, device=dev), shared
+        width = max(len(p) - offset for p in prompts)
+        ids = torch.full((u, width), self.pad_token_id, dtype=torch.long)
+        rest = torch.zeros((u, width), dtype=torch.long)
+        for k, p in enumerate(prompts):
+            n = len(p) - offset
+            ids[k, width - n :] = torch.from_numpy(p[offset:])
+            rest[k, width - n :] = 1
+        ids, rest = ids.to(dev), rest.to(dev)
+        kwargs = {self._cache_in_name: cache} if cache is not None else {}
+        out = self.model(input_ids=ids, attention_mask=torch.cat([head, rest], 1), use_cache=True,
+                         position_ids=offset + (rest.cumsum(1) - 1).clamp(min=0), **kwargs, **self._keep_kwargs(1))
+        return out, getattr(out, self._cache_out_name(out)), torch.cat([head, rest], 1)
+
+    def _can_share_prompts(self) -> bool:
+        """Whether the model continues from a KV cache it returns (not under gradient checkpointing, which
+        turns the cache off): decided once per trainer from the forward's signature."""
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        if getattr(base, "is_gradient_checkpointing", False):
+            return False
+        if self._cache_in_name is None:
+            names = set(inspect.signature(base.forward).parameters)
+            self._cache_in_name = next((k for k in ("past_key_values", "cache") if k in names), "")
+        return bool(self._cache_in_name)
+
+    @staticmethod
+    def _cache_out_name(out: object) -> str:
+        """The output field holding the cache (transformers 5.x: `cache`; earlier: `past_key_values`)."""
+        for name in ("cache", "past_key_values"):
+            if getattr(out, name, None) is not None and hasattr(getattr(out, name), "batch_select_indices"):
+                return name
+        raise RuntimeError("the model returned no KV cache with batch_select_indices")
+
+    def _keep_kwargs(self, n: int) -> dict[str, int]:
+        """Ask the model for its last n positions' logits only, by the name its forward knows (transformers
+        >= 4.50: logits_to_keep; 4.46-4.49: num_logits_to_keep); a model with neither computes them all."""
+        if self._keep_name is None:
+            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+            names = set(inspect.signature(base.forward).parameters)
+            self._keep_name = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in names), "")
+        return {self._keep_name: n} if self._keep_name else {}
 
     @torch.no_grad()
     def completion_logprobs(self, groups: list[TrainGroup]) -> list[list[np.ndarray]]:
@@ -342,6 +467,14 @@ class GRPOTrainer:
         if self.cfg.lr is None and "lr" in state:
             self.lr = float(state["lr"])
         set_lr(self.optimizer, self.lr)
+
+
+def _shared_prefix(prompts: list[np.ndarray]) -> int:
+    """Length of the longest prefix every prompt starts with."""
+    n = min(len(p) for p in prompts)
+    heads = np.stack([p[:n] for p in prompts])
+    differ = np.flatnonzero((heads != heads[0]).any(axis=0))
+    return int(differ[0]) if differ.size else n
 
 
 class _eval_mode:

@@ -9,12 +9,14 @@ accepted payload is checked against what the averaging relies on: one float32 te
 all finite, from a payload within the size bound. A share of the cases also goes through the receive
 path itself (`mixing.gossip_step` with the payload as a neighbour's), whose result must stay finite and
 correctly shaped and count the neighbour missing exactly when the payload was refused.
+
+Frames are taken apart and rebuilt from the layout docs/dpo.md documents ("Payloads"), not from the
+codec's own structs: tests/test_fuzz.py checks that a real payload splits and rejoins to the same bytes.
 """
 
 from __future__ import annotations
 
 import struct
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -22,9 +24,13 @@ import torch
 from hivemind.proto import runtime_pb2
 
 from swarm_node.gossip import mixing
-from swarm_node.gossip.payload import _HEADER, _LEN, COMPRESSIONS, PayloadError, decode_params, encode_params
-from swarm_node.protocol.fuzz import FuzzStats, pick
+from swarm_node.gossip.payload import COMPRESSIONS, MAGIC, VERSION, PayloadError, decode_params, encode_params
+from tests.tooling.fuzzing import FuzzStats, pick, run_case
 
+HEADER = struct.Struct("<4sB16sI")
+"""b"SNDP" | u8 version | 16-byte architecture fingerprint | u32 tensor count (little-endian, docs/dpo.md)."""
+LENGTH = struct.Struct("<I")
+"""Per tensor: u32 length, then that many bytes of hivemind runtime_pb2.Tensor protobuf."""
 ARCH = "fuzz-arch-000001"
 EDGE_U32 = (0, 1, 2, 3, 255, 256, 65535, 65536, (1 << 31) - 1, 1 << 31, (1 << 32) - 1)
 DTYPES = ("float64", "float16", "bfloat16", "int64", "int32", "uint8", "bool", "", "float32\x00", "Float32", "object")
@@ -50,19 +56,19 @@ def random_tensors(rng: np.random.Generator, shapes: list[tuple[int, ...]]) -> l
 
 def split(payload: bytes) -> tuple[tuple, list[bytes]]:
     """A valid payload as (header fields, tensor messages)."""
-    head = _HEADER.unpack_from(payload, 0)
-    off, msgs = _HEADER.size, []
+    head = HEADER.unpack_from(payload, 0)
+    off, msgs = HEADER.size, []
     for _ in range(head[3]):
-        (n,) = _LEN.unpack_from(payload, off)
-        msgs.append(payload[off + _LEN.size: off + _LEN.size + n])
-        off += _LEN.size + n
+        (n,) = LENGTH.unpack_from(payload, off)
+        msgs.append(payload[off + LENGTH.size: off + LENGTH.size + n])
+        off += LENGTH.size + n
     return head, msgs
 
 
 def join(head: tuple, msgs: list[bytes], lengths: list[int] | None = None) -> bytes:
-    parts = [_HEADER.pack(*head)]
+    parts = [HEADER.pack(*head)]
     for k, m in enumerate(msgs):
-        parts.append(_LEN.pack(len(m) if lengths is None else lengths[k]))
+        parts.append(LENGTH.pack(len(m) if lengths is None else lengths[k]))
         parts.append(m)
     return b"".join(parts)
 
@@ -195,19 +201,19 @@ def mutate_bytes(rng: np.random.Generator, data: bytes) -> tuple[bytes, str]:
 def bombs(shapes: list[tuple[int, ...]], compression: str, max_bytes: int) -> list[tuple[str, bytes]]:
     """Payloads that claim far more than they hold, or hold as much as the size bound allows."""
     fp = ARCH.encode()
-    head = (b"SNDP", 1, fp, len(shapes))
+    head = (MAGIC, VERSION, fp, len(shapes))
     huge_shape = runtime_pb2.Tensor(compression=COMPRESSIONS[compression].compression_type, dtype="float32",
                                     size=[(1 << 31) - 1, (1 << 31) - 1]).SerializeToString()
     many_dims = runtime_pb2.Tensor(compression=COMPRESSIONS[compression].compression_type, dtype="float32",
                                    size=[1] * 200_000).SerializeToString()
     filler = b"\x7a" + b"\xff" * 4 + b"\x0f"  # an unknown length-delimited field claiming ~4 GiB
     return [
-        ("count_2**32-1", _HEADER.pack(b"SNDP", 1, fp, (1 << 32) - 1)),
-        ("length_2**32-1", _HEADER.pack(*head) + _LEN.pack((1 << 32) - 1)),
+        ("count_2**32-1", HEADER.pack(MAGIC, VERSION, fp, (1 << 32) - 1)),
+        ("length_2**32-1", HEADER.pack(*head) + LENGTH.pack((1 << 32) - 1)),
         ("shape_2**62_elements", join(head, [huge_shape] * len(shapes))),
         ("200k_dims", join(head, [many_dims] * len(shapes))),
         ("unknown_field_4GiB", join(head, [filler] * len(shapes))),
-        ("over_max_bytes", _HEADER.pack(*head) + b"\x00" * (max_bytes + 1 - _HEADER.size)),
+        ("over_max_bytes", HEADER.pack(*head) + b"\x00" * (max_bytes + 1 - HEADER.size)),
         ("max_bytes_of_junk_message", join(head, [b"\x0a" + b"\x80" * 9 + b"\x01"] + [b"\x00" * (max_bytes // 2)])),
     ]
 
@@ -234,21 +240,15 @@ def check_invariants(out: list[torch.Tensor], shapes: list[tuple[int, ...]], pay
     return bad
 
 
-def run_case(stats: FuzzStats, family: str, name: str, data: bytes, shapes, compression: str, max_bytes: int,
-             own: bytes | None = None) -> None:
+def decode_case(stats: FuzzStats, family: str, name: str, data: bytes, shapes, compression: str, max_bytes: int,
+                own: bytes | None = None) -> None:
     """Decode one case; with `own` (our payload), also run it through gossip_step as a neighbour's payload."""
-    t0 = time.thread_time()
-    out = None
-    try:
-        out = decode_params(data, shapes, ARCH, compression, max_bytes)
-    except PayloadError as exc:
-        stats.reasons[exc.reason] += 1
-    except Exception as exc:  # a missed check
-        stats.exceptions.append((f"{family}:{name}", f"{type(exc).__name__}: {str(exc)[:200]}"))
-    if own is not None:
-        _receive_path(stats, family, name, data, shapes, compression, max_bytes, own, accepted=out is not None)
-    dt = time.thread_time() - t0
-    stats.record(family, name, len(data), dt, None if out is None else check_invariants(out, shapes, data, max_bytes))
+    def receive(out) -> None:
+        if own is not None:
+            _receive_path(stats, family, name, data, shapes, compression, max_bytes, own, accepted=out is not None)
+
+    run_case(stats, family, name, len(data), lambda: decode_params(data, shapes, ARCH, compression, max_bytes),
+             refusals=(PayloadError,), check=lambda out: check_invariants(out, shapes, data, max_bytes), after=receive)
 
 
 def _receive_path(stats, family, name, data, shapes, compression, max_bytes, own, accepted: bool) -> None:
@@ -295,9 +295,9 @@ def generate(rng: np.random.Generator, family: str, pool: list) -> Iterator[tupl
             if j == 0:
                 data, what = raw, "raw"
             elif j == 1:
-                data, what = _HEADER.pack(b"SNDP", 1, ARCH.encode(), len(shapes)) + raw, "after_header"
+                data, what = HEADER.pack(MAGIC, VERSION, ARCH.encode(), len(shapes)) + raw, "after_header"
             else:
-                data, what = join((b"SNDP", 1, ARCH.encode(), len(shapes)), [raw] * len(shapes)), "as_messages"
+                data, what = join((MAGIC, VERSION, ARCH.encode(), len(shapes)), [raw] * len(shapes)), "as_messages"
         yield what, data, shapes, compression, own
 
 
@@ -312,11 +312,11 @@ def run(n_cases: int, seed: int = 0, *, receive_share: float = 0.1, with_bombs: 
         through = rng.random() < receive_share
         if i % 20 == 0:
             shapes, compression, data, own = random_base(rng)
-            run_case(out["valid"], "valid", compression, data, shapes, compression, max_bytes, own if through else None)
+            decode_case(out["valid"], "valid", compression, data, shapes, compression, max_bytes, own if through else None)
         else:
             family = FAMILIES[int(rng.choice(3, p=(0.6, 0.25, 0.15)))]
             name, data, shapes, compression, own = next(gens[family])
-            run_case(out[family], family, name, data, shapes, compression, max_bytes, own if through else None)
+            decode_case(out[family], family, name, data, shapes, compression, max_bytes, own if through else None)
         if progress is not None and (i + 1) % 10_000 == 0:
             progress(i + 1)
     if with_bombs:
@@ -324,6 +324,6 @@ def run(n_cases: int, seed: int = 0, *, receive_share: float = 0.1, with_bombs: 
             shapes = [(16, 16), (16,)]
             own = encode_params(random_tensors(rng, shapes), ARCH, compression)
             for name, data in bombs(shapes, compression, max_bytes):
-                run_case(out["bomb"], "bomb", f"{compression}:{name}", data, shapes, compression, max_bytes, own)
+                decode_case(out["bomb"], "bomb", f"{compression}:{name}", data, shapes, compression, max_bytes, own)
     return out
 

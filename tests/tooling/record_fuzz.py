@@ -1,4 +1,4 @@
-"""Fuzzing the DHT record validators (used by tests/test_fuzz.py and benchmarks/fuzz_decode.py).
+"""Fuzzing the DHT record validators (tests/test_fuzz.py and benchmarks/fuzz_decode.py).
 
 Each case is a member record or announcement, mutated field by field (or replaced by any msgpack value),
 stored under our swarm's key or another swarm's, signed by its owner, by someone else, or unsigned, and
@@ -21,8 +21,8 @@ from hivemind.p2p import P2P
 from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import ValueWithExpiration
 
-from swarm_node.protocol.fuzz import FuzzStats, pick, random_object, random_text
-from swarm_node.swarm import records as R
+from swarm_node.swarm import records
+from tests.tooling.fuzzing import FuzzStats, Refused, pick, random_object, random_text, run_case
 
 SWARM = "fz"
 
@@ -30,9 +30,9 @@ SWARM = "fz"
 def _identity(directory: str, name: str):
     path = os.path.join(directory, name)
     P2P.generate_identity(path)
-    key = R.load_identity_key(path)
-    sub = R.subkey_for(key)
-    return key, sub, R.peer_id_of_subkey(sub)
+    key = records.load_identity_key(path)
+    sub = records.subkey_for(key)
+    return key, sub, records.peer_id_of_subkey(sub)
 
 
 def _member(pid: str) -> dict:
@@ -78,12 +78,23 @@ def mutate_record(rng: np.random.Generator, rec: dict) -> tuple[object, str]:
 
 def _bounds(rec) -> list[str]:
     bad = []
-    if isinstance(rec, R.MemberRecord):
+    if isinstance(rec, records.MemberRecord):
         if rec.round < 0 or any(len(getattr(rec, f)) > 256 for f in ("peer_id", "mode", "model_name", "tokenizer_fp", "task_id")):
             bad.append("member out of bounds")
-    elif isinstance(rec, R.Announcement):
-        if len(rec.blobs) > R.MAX_ANNOUNCED_ROUNDS or any(b.round < 0 or b.size < 0 for b in rec.blobs):
+    elif isinstance(rec, records.Announcement):
+        if len(rec.blobs) > records.MAX_ANNOUNCED_ROUNDS or any(b.round < 0 or b.size < 0 for b in rec.blobs):
             bad.append("announcement out of bounds")
+    return bad
+
+
+def _violations(result) -> list[str]:
+    """The documented bounds, and the owner binding, of what both the DHT side and the reader accepted."""
+    accepted, subkey, key_name = result
+    bad = []
+    for owner_id, rec in accepted.items():
+        bad += _bounds(rec) + ([] if owner_id == rec.peer_id == records.peer_id_of_subkey(subkey) else ["owner"])
+        if key_name.startswith(SWARM) and len(rec.model_dump_json()) > records.MAX_RECORD_BYTES:
+            bad.append("too large")
     return bad
 
 
@@ -95,7 +106,7 @@ def run_records(n_cases: int, seed: int = 0) -> FuzzStats:
         me, _my_sub, _ = _identity(tmp, "me")
         owner, owner_sub, owner_pid = _identity(tmp, "owner")
         _o2, other_sub, _ = _identity(tmp, "other")
-        dht_side = CompositeValidator(R.make_validators(SWARM, me))
+        dht_side = CompositeValidator(records.make_validators(SWARM, me))
         signer = CompositeValidator([RSASignatureValidator(owner)])
         i = 0
         while stats.cases < n_cases:  # cases that cannot even be serialized are drawn again
@@ -105,41 +116,28 @@ def run_records(n_cases: int, seed: int = 0) -> FuzzStats:
             value, what = mutate_record(rng, base)
             key_name = pick(rng, [f"{SWARM}_{kind}", f"other_{kind}", "unrelated"])
             subkey = pick(rng, [owner_sub, owner_sub, other_sub, b"unsigned", "str-subkey"])
-            ttl = pick(rng, [60.0, 60.0, -5.0, 10 * R.MAX_RECORD_TTL_S])
+            ttl = pick(rng, [60.0, 60.0, -5.0, 10 * records.MAX_RECORD_TTL_S])
             name = f"{what}@{key_name}"
             try:
                 raw = MSGPackSerializer.dumps(value)
             except (OverflowError, TypeError, ValueError):  # not sendable at all (e.g. an int over 64 bits)
                 continue
-            t0 = time.thread_time()
-            try:
+
+            def store_then_read(kind=kind, key_name=key_name, subkey=subkey, raw=raw, ttl=ttl, name=name):
+                """What a DHT peer stores (or Refused), then what a reader makes of it (None: no record)."""
                 record = DHTRecord(DHTID.generate(source=key_name).to_bytes(), MSGPackSerializer.dumps(subkey), raw,
                                    time.time() + ttl)
                 if subkey is owner_sub or rng.integers(0, 4) == 0:  # the owner (or a forger reusing its subkey) signs
                     record = dataclasses.replace(record, value=signer.sign_value(record))
-                stored = dht_side.validate(record)
-                if stored:
-                    readable = dht_side.strip_value(record)
-                    item = ValueWithExpiration(MSGPackSerializer.loads(readable), record.expiration_time)
-                    model = R.MemberRecord if kind == "members" else R.Announcement
-                    accepted, _problems = R.parse_signed({subkey: item}, model)
-                    for owner_id, rec in accepted.items():
-                        bad = _bounds(rec) + ([] if owner_id == rec.peer_id == R.peer_id_of_subkey(subkey) else ["owner"])
-                        if key_name.startswith(SWARM) and len(rec.model_dump_json()) > R.MAX_RECORD_BYTES:
-                            bad.append("too large")
-                        if bad:
-                            stats.violations.append((name, bad))
-                    stats.accepted += bool(accepted)
-                else:
-                    stats.reasons["refused"] += 1
-            except Exception as exc:  # a validator or the reader raised: a bug
-                stats.exceptions.append((name, f"{type(exc).__name__}: {str(exc)[:200]}"))
-            dt = time.thread_time() - t0
-            stats.cases += 1
-            stats.by_family["record"] += 1
-            stats.seconds += dt
-            if dt > stats.slowest_s:
-                stats.slowest_s, stats.slowest_case = dt, f"record:{name}"
+                if not dht_side.validate(record):
+                    raise Refused("refused")
+                readable = dht_side.strip_value(record)
+                item = ValueWithExpiration(MSGPackSerializer.loads(readable), record.expiration_time)
+                model = records.MemberRecord if kind == "members" else records.Announcement
+                accepted, _problems = records.parse_signed({subkey: item}, model)
+                return (accepted, subkey, key_name) if accepted else None
+
+            run_case(stats, "record", name, len(raw), store_then_read, refusals=(Refused,), check=_violations)
             if i % 1000 == 0:
-                R.REFUSALS.clear()
+                records.REFUSALS.clear()
     return stats

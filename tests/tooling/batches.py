@@ -1,6 +1,8 @@
-"""Rollout batches for measuring and testing the wire codec: sampled from a tiny random model, remapped to a
-Qwen-sized vocabulary, synthetic Zipf batches, or what a trained tiny preset publishes (preset_batches), and
-plain-JSON fixtures of them. Used by benchmarks/wire.py, tests/test_protocol.py and tests/test_wire_size.py.
+"""Rollout batches for measuring and testing the wire codec (test tooling, not installed).
+
+Sampled from a tiny random model, remapped to a Qwen-sized vocabulary, synthetic Zipf batches, or what a
+trained tiny preset publishes (preset_batches), and plain-JSON fixtures of them. Used by
+benchmarks/wire.py, tests/test_protocol.py and tests/test_wire_size.py.
 """
 
 from __future__ import annotations

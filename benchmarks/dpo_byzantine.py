@@ -1,0 +1,287 @@
+"""Byzantine DPO neighbours: 8 nodes on a ring and an exponential graph, 0, 1 or 2 hostile, plain vs robust.
+
+The swarm of benchmarks/dpo_topology.py (8 in-process tiny-Llama DPO nodes, common initial weights, node i
+holding synthetic user i mod 4, one local DPO step per round) averages through the node's own
+`mixing.gossip_step`, with `RobustAverager` (gossip/robust.py: replay and outlier refusal, ClippedGossip)
+or without it (plain averaging, `dpo.aggregation: mean`). Hostile nodes (tests/dpo_adversary.py) train
+and average like the others but send their neighbours corrupted, finite parameters through the real
+float16 payload codec; in the 2-attacker runs they are nodes 0 and 3 (every honest node has an honest
+neighbour on the ring), with 1 attacker node 0. For every graph, number of attackers, mode and rule it
+reports, over the seeds:
+
+- the honest nodes' held-out preference accuracy (the mixture of all users) after the last round, mean
+  over nodes, and the worst honest node's difference from the same seed's no-attack run of the same rule
+  (paired per held-out pair, `runs.stats.paired_difference`: mean over seeds +- SE, and its verdict);
+- the honest nodes' consensus error sqrt(mean_i ||x_i - x_bar||^2) after the last round;
+- what the robust rule refused (by reason) and clipped, per honest node and round.
+
+With no attacker it also measures the cost of the robust rule: accuracy and consensus error against plain
+(paired), and the per-step contraction of pure averaging (random vectors, no training, through
+the same bytes and functions, steps 6-12): "consensus rate" = 1 - measured rho.
+
+    python -m benchmarks.dpo_byzantine --seeds 3 --json docs/data/dpo_byzantine.json --png docs/data/dpo_byzantine.png
+    python -m benchmarks.dpo_byzantine --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from benchmarks.dpo_topology import Swarm, consensus_error
+from swarm_node import gossip as G
+from swarm_node.gossip import topology
+from swarm_node.gossip.robust import RobustAverager
+from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
+from tests.dpo_adversary import MODES, HostileNeighbour, Recipient, View  # a test helper, not in the package
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ABSENT = "absent"  # a reference, not an attack: the hostile slots publish nothing (what refusing them leaves)
+
+GRAPHS = ("ring", "exponential")
+RULES = ("plain", "robust")
+ATTACKERS = {0: [], 1: [0], 2: [0, 3]}
+COMPRESSION = "float16"
+
+
+def _pull(xs: list[list[torch.Tensor]], w: np.ndarray, i: int, honest: set[int]) -> list[torch.Tensor]:
+    """sum_{j honest} W_ij (x_j - x_i): how far node i's average moves it towards its honest neighbours."""
+    out = [torch.zeros_like(t) for t in xs[i]]
+    for j in np.flatnonzero(w[i]):
+        if j != i and j in honest:
+            for o, a, b in zip(out, xs[j], xs[i], strict=True):
+                o.add_(a - b, alpha=float(w[i, j]))
+    return out
+
+
+def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, rounds: int, n: int = 8) -> dict:
+    """One swarm for `rounds` rounds; the honest nodes' accuracy, hits, consensus error and refusals."""
+    sw = Swarm(n, 4, seed, lr=3e-3, pairs=128, heldout=200)
+    adj = topology.adjacency(graph, n)
+    w = topology.mixing_matrix_from_adjacency(adj)
+    honest = set(range(n)) - set(byz)
+    initial = sw.params()[0]
+    robust = {i: RobustAverager() for i in honest} if rule == "robust" else {}
+    for r in robust.values():  # as DPONode does: our own first update is measured from the initial model
+        r.averaged(initial)
+    rejects = {i: G.RejectCounter() for i in range(n)}
+    hostile = {b: HostileNeighbour(mode, 1000 * seed + b) for b in byz} if mode in MODES else {}
+    clipped, consensus = 0, []
+    for r in range(rounds):
+        for t in sw.trainers:
+            t.local_steps(1)
+        xs = sw.params()
+        blobs = {p: G.encode_params(x, sw.arch, COMPRESSION) for p, x in zip(sw.ids, xs, strict=True)}
+        sent: dict[tuple[int, int], bytes] = {}
+        for b in byz:
+            nbrs = [int(j) for j in np.flatnonzero(adj[b]) if j in honest]
+            recipients = {sw.ids[i]: Recipient(xs[i], _pull(xs, w, i, honest),
+                                               float(w[i, b]) * sum(1 for k in byz if adj[i, k]))
+                          for i in nbrs} if mode == "dissensus" else {}
+            view = View(r, xs[b], {sw.ids[j]: xs[j] for j in np.flatnonzero(adj[b])}, initial, recipients)
+            for rec, params in (hostile[b].send(view, [sw.ids[i] for i in nbrs]) if b in hostile else {}).items():
+                sent[(b, sw.ids.index(rec))] = G.encode_params(params, sw.arch, COMPRESSION)
+        new = []
+        for i, p in enumerate(sw.ids):
+            # hostile nodes average honestly with everyone's true parameters (colluders share theirs)
+            received = {q: (sent.get((j, i)) if j in byz else blobs[q]) if i in honest else blobs[q]
+                        for j, q in enumerate(sw.ids)}
+            res = G.gossip_step(p, blobs[p], received, sw.ids, adj, sw.shapes, sw.arch, COMPRESSION, rejects[i],
+                                robust=robust.get(i))
+            clipped += len(res.clipped)
+            new.append(res.params)
+        for m, x in zip(sw.models, new, strict=True):
+            G.set_params(m, x)
+        consensus.append(consensus_error([new[i] for i in sorted(honest)]))
+    per_node = {}
+    for i in sorted(honest):
+        _loss, margin = sw.held.scores(sw.models[i])
+        hits = (margin > 0).tolist()
+        per_node[i] = {"acc": float(np.mean(hits)), "hits": hits}
+    refused = Counter()
+    for i in honest:
+        refused.update(rejects[i].counts)
+    node_rounds = len(honest) * rounds
+    return {"graph": graph, "rule": rule, "byzantine": byz, "mode": mode or "none", "seed": seed,
+            "acc": float(np.mean([v["acc"] for v in per_node.values()])), "nodes": per_node,
+            "consensus": consensus, "refused": dict(refused), "refused_per_node_round": sum(refused.values()) / node_rounds,
+            "clipped_per_node_round": clipped / node_rounds}
+
+
+def contraction(graph: str, rule: str, n: int = 8, steps: int = 12, seed: int = 0) -> float:
+    """Measured per-step shrink of the consensus error of pure averaging (random vectors, no training),
+    geometric mean over the last half of `steps` (more steps would reach float32's noise floor on fast
+    graphs), through the real bytes and gossip_step."""
+    g = torch.Generator().manual_seed(seed)
+    states = [[torch.randn(17, 5, generator=g), torch.randn(40, generator=g)] for _ in range(n)]
+    ids = [f"peer-{i}" for i in range(n)]
+    adj = topology.adjacency(graph, n)
+    shapes = [t.shape for t in states[0]]
+    robust = [RobustAverager() if rule == "robust" else None for _ in range(n)]
+    errs = []
+    for _ in range(steps):
+        errs.append(consensus_error(states))
+        blobs = {p: G.encode_params(s, "f" * 16, "none") for p, s in zip(ids, states, strict=True)}
+        states = [G.gossip_step(p, blobs[p], blobs, ids, adj, shapes, "f" * 16, "none", robust=robust[i]).params
+                  for i, p in enumerate(ids)]
+    tail = errs[steps // 2:]
+    return float((tail[-1] / tail[0]) ** (1.0 / (len(tail) - 1)))
+
+
+def worst_node(runs: list[dict], base: dict[int, dict]) -> tuple[float, float, str, int]:
+    """The honest node whose accuracy fell most against the no-attack run, paired over seeds and pairs."""
+    out = None
+    for i in runs[0]["nodes"]:
+        d, se, v = paired_difference([(r["nodes"][i], base[r["seed"]]["nodes"][i]) for r in runs], "acc", "hits")
+        if out is None or d < out[0]:
+            out = (d, se, v, i)
+    return out
+
+
+def summarize(results: list[dict], seeds: list[int]) -> dict:
+    key = lambda r: (r["graph"], len(r["byzantine"]), r["mode"], r["rule"])  # noqa: E731
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        groups.setdefault(key(r), []).append(r)
+    rows = []
+    for (graph, f, mode, rule), runs in sorted(groups.items()):
+        base = {r["seed"]: r for r in groups.get((graph, 0, "none", rule), [])}
+        row = {"graph": graph, "attackers": f, "mode": mode, "rule": rule, "seeds": len(runs),
+               "acc": mean_std([r["acc"] for r in runs]),
+               "consensus": mean_std([r["consensus"][-1] for r in runs]),
+               "refused_per_node_round": float(np.mean([r["refused_per_node_round"] for r in runs])),
+               "clipped_per_node_round": float(np.mean([r["clipped_per_node_round"] for r in runs])),
+               "refused": dict(sum((Counter(r["refused"]) for r in runs), Counter()))}
+        if f and all(r["seed"] in base for r in runs):
+            # the same honest nodes in the no-attack run: attack runs replace nodes by attackers
+            d, se, v, node = worst_node(runs, {s: {"nodes": {i: base[s]["nodes"][i] for i in runs[0]["nodes"]}}
+                                               for s in base})
+            row["worst_node"] = {"node": node, "diff": d, "se": se, "verdict": v}
+            row["within_2_points"] = d >= -0.02
+            absent = {r["seed"]: r for r in groups.get((graph, f, ABSENT, rule), [])}
+            if mode != ABSENT and all(r["seed"] in absent for r in runs):
+                # the same rule with the hostile slots silent: what refusing them at once would leave
+                row["vs_absent"] = dict(zip(("diff", "se", "verdict"), paired_difference(
+                    [(_pooled(r), _pooled(absent[r["seed"]])) for r in runs], "acc", "hits"), strict=True))
+        rows.append(row)
+    cost = {}
+    for graph in sorted({r["graph"] for r in results}):
+        plain = {r["seed"]: r for r in groups.get((graph, 0, "none", "plain"), [])}
+        robust = groups.get((graph, 0, "none", "robust"), [])
+        if robust and all(r["seed"] in plain for r in robust):
+            d, se, v = paired_difference([(_pooled(r), _pooled(plain[r["seed"]])) for r in robust], "acc", "hits")
+            cost[graph] = {"acc_diff": d, "se": se, "verdict": v,
+                           "consensus_ratio": float(np.mean([r["consensus"][-1] for r in robust]) /
+                                                    np.mean([plain[r["seed"]]["consensus"][-1] for r in robust]))}
+    return {"rows": rows, "no_attack_cost": cost}
+
+
+def _pooled(run: dict) -> dict:
+    """A run's honest nodes as one arm: mean accuracy, and every node's hits one after another."""
+    return {"acc": run["acc"], "hits": [h for i in sorted(run["nodes"]) for h in run["nodes"][i]["hits"]]}
+
+
+def print_table(summary: dict, rates: dict, seeds: list[int], rounds: int) -> None:
+    print(f"\n8 nodes, 4 users, {rounds} rounds, 1 local step, float16, seeds {seeds}; accuracy = honest nodes' "
+          "mean held-out preference accuracy (mean +- std over seeds); worst = the honest node that lost most "
+          "against the same rule's no-attack run (paired, mean over seeds +- SE)\n")
+    print(f"{'graph':11s} {'f':>1s} {'mode':10s} {'rule':6s} {'accuracy':>15s} {'worst node vs no attack':>26s} "
+          f"{'consensus err':>15s} {'refused/nd/rd':>13s} {'clipped/nd/rd':>13s}")
+    for row in summary["rows"]:
+        w = row.get("worst_node")
+        worst = f"{100 * w['diff']:+6.1f} +- {100 * w['se']:.1f} pt (n{w['node']})" if w else "-"
+        print(f"{row['graph']:11s} {row['attackers']:1d} {row['mode']:10s} {row['rule']:6s} {fmt_ms(row['acc']):>15s} "
+              f"{worst:>26s} {fmt_ms(row['consensus'], '.3f'):>15s} {row['refused_per_node_round']:13.2f} "
+              f"{row['clipped_per_node_round']:13.2f}")
+    print("\nrobust vs the same rule with the hostile slots silent ('absent'), mean honest accuracy, paired:")
+    for row in summary["rows"]:
+        if "vs_absent" in row:
+            a = row["vs_absent"]
+            print(f"{row['graph']:11s} {row['attackers']:1d} {row['mode']:10s} {row['rule']:6s} "
+                  f"{100 * a['diff']:+6.1f} +- {100 * a['se']:.1f} pt ({a['verdict']})")
+    print("\nno attacker: the cost of the robust rule")
+    for graph, c in summary["no_attack_cost"].items():
+        print(f"{graph:11s} honest accuracy robust - plain {100 * c['acc_diff']:+.1f} +- {100 * c['se']:.1f} pt "
+              f"({c['verdict']}); final consensus error robust / plain {c['consensus_ratio']:.2f}")
+    for graph in rates:
+        print(f"{graph:11s} pure averaging rho: plain {rates[graph]['plain']:.4f}, robust {rates[graph]['robust']:.4f}; "
+              f"consensus rate (1 - rho) robust / plain = {(1 - rates[graph]['robust']) / (1 - rates[graph]['plain']):.3f}")
+
+
+def plot(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in summary["rows"] if r["attackers"] == 1]
+    graphs = sorted({r["graph"] for r in rows})
+    fig, axes = plt.subplots(1, len(graphs), figsize=(6 * len(graphs), 4), squeeze=False)
+    for ax, graph in zip(axes[0], graphs, strict=True):
+        modes = sorted({r["mode"] for r in rows if r["graph"] == graph})
+        for k, rule in enumerate(RULES):
+            vals = [next((r["acc"] for r in rows if r["graph"] == graph and r["mode"] == m and r["rule"] == rule),
+                         (math.nan, 0.0)) for m in modes]
+            ax.bar(np.arange(len(modes)) + 0.4 * k, [v[0] for v in vals], 0.4, yerr=[v[1] for v in vals], label=rule)
+        for r in summary["rows"]:
+            if r["graph"] == graph and r["attackers"] == 0:
+                ax.axhline(r["acc"][0], ls="--" if r["rule"] == "plain" else ":", color="k", lw=1)
+        ax.set_xticks(np.arange(len(modes)) + 0.2, modes, rotation=30)
+        ax.set_title(f"{graph}: 1 hostile node of 8 (dashed: no attack)")
+        ax.set_ylabel("honest held-out preference accuracy")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(ap, seeds=3, quick_seeds=1, quick="the ring, modes scaled and alie, 1 attacker, 6 rounds, 1 seed")
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--graphs", nargs="+", default=list(GRAPHS), choices=topology.GRAPHS)
+    ap.add_argument("--modes", nargs="+", default=[*MODES, ABSENT], choices=[*MODES, ABSENT])
+    ap.add_argument("--attackers", nargs="+", type=int, default=[1, 2], choices=[1, 2])
+    ap.add_argument("--png", type=Path, default=None, help="also plot the summary here")
+    args = ap.parse_args()
+    seeds = resolve_seeds(args)
+    if args.quick:
+        args.rounds, args.graphs, args.modes, args.attackers = 6, ["ring"], ["scaled", "alie"], [1]
+    torch.set_num_threads(1)  # tiny models: one thread is faster than two busy ones
+    logging.getLogger("swarm_node.gossip.mixing").setLevel(logging.ERROR)  # one refusal line per node and round
+    t0 = time.perf_counter()
+    plan = [(g, rule, [], None) for g in args.graphs for rule in RULES]
+    plan += [(g, rule, ATTACKERS[f], m) for g in args.graphs for f in args.attackers for m in args.modes for rule in RULES]
+    results = []
+    for graph, rule, byz, mode in plan:
+        for seed in seeds:
+            res = run(graph, rule, byz, mode, seed, args.rounds)
+            results.append(res)
+            print(f"[{time.perf_counter() - t0:6.0f}s] {graph:11s} f={len(byz)} {mode or 'none':10s} {rule:6s} seed {seed}: "
+                  f"honest acc {res['acc']:.3f}, consensus {res['consensus'][-1]:.3f}, refused {res['refused']}, "
+                  f"clipped {res['clipped_per_node_round']:.2f}/node/round", flush=True)
+    rates = {g: {rule: contraction(g, rule) for rule in RULES} for g in args.graphs}
+    summary = summarize(results, seeds)
+    print_table(summary, rates, seeds, args.rounds)
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        slim = [{k: v for k, v in r.items() if k != "nodes"} | {"node_acc": {i: v["acc"] for i, v in r["nodes"].items()}}
+                for r in results]
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        write_json(args.json, {"args": public_args(args), "commit": commit, "seeds": seeds, "contraction": rates,
+                               "summary": summary, "runs": slim}, args)
+    if args.png:
+        plot(summary, args.png)
+
+
+if __name__ == "__main__":
+    main()

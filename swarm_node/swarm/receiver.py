@@ -1,0 +1,282 @@
+"""The transfer/intake side of a peer: announcements in, background downloads, validation, and the take.
+
+An accepted announcement becomes an offer to the intake buffer (`swarm/intake.py`: freshness rules,
+one batch and one pending announcement per peer); an offer to fetch is downloaded in the background over
+the blob stream (length and digest checked, at most MAX_DOWNLOADS at once, each bounded by
+`collect_deadline_s`), then decoded and checked by the node's validator on its own decode thread, and
+only what passed is buffered. Each round takes up to K buffered batches without waiting (lockstep:
+waiting up to a deadline). DPO's parameters use `fetch` instead: one peer's blob for one round, found
+through its DHT announcement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from swarm_node.config import SwarmConfig
+from swarm_node.swarm import reasons
+from swarm_node.swarm.announce import BatchAnnouncement
+from swarm_node.swarm.counters import SwarmCounters
+from swarm_node.swarm.intake import Freshness, Intake, Offer
+from swarm_node.swarm.loop import LoopThread
+from swarm_node.swarm.membership import Membership
+from swarm_node.swarm.records import BlobEntry, MemberRecord
+from swarm_node.swarm.supervisor import DHTSupervisor
+from swarm_node.swarm.transfer import TransferError, download, with_deadline
+from swarm_node.swarm.view import Accept, PeerView, accepts
+
+POLL_S = 0.5
+MAX_DOWNLOADS = 4
+FETCH_ATTEMPTS = 3  # a dropped stream is retried within the deadline (each failure is still counted)
+RETRIABLE = frozenset({reasons.STREAM_ERROR})  # refusals worth another try; a bad digest or size is not
+
+
+class PayloadRefused(Exception):
+    """Raised by a validator to refuse a downloaded payload; `reason` is a fixed name of the validator's
+    code (counted as is, in `RoundIntake.payload_refused`), `detail` goes to the (rate-limited) log."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+Validator = Callable[[bytes, Offer], Any]
+"""Decodes and checks a downloaded batch on the decode thread, not the round loop: (payload, the offer
+it was announced as) -> the validated object to buffer (`Received.decoded`), or raise PayloadRefused.
+Anything else it raises, or a None result, is refused as `validate_error`."""
+
+
+def keep_raw(payload: bytes, offer: Offer) -> bytes:
+    """The validator of swarm-level tools and tests that move opaque bytes: the payload itself."""
+    return payload
+
+
+@dataclass
+class Received:
+    peer_id: str
+    round: int
+    payload: bytes
+    member: MemberRecord | None
+    version: int = -1  # sender's policy version that generated the batch (-1: not announced)
+    age_s: float = 0.0  # receiver's clock minus the sender's generation time, when taken
+    version_lag: int = 0  # sender's newest announced version minus this batch's
+    arrived: float = 0.0  # unix time its download completed (arrived - generated: announcement to receipt)
+    decoded: Any = None  # what the validator returned for it, computed off the round loop
+
+
+@dataclass
+class RoundIntake:
+    """What one round received, and what the exchange cost since the previous round."""
+
+    batches: list[Received]
+    waited_s: float  # time the round spent waiting for peers (0 in async mode)
+    rejected: dict  # refusals by reason since the previous round (reasons.REJECTED)
+    events: dict  # evictions, superseded, duplicates, declines since the previous round
+    payload_bytes_in: int
+    payload_bytes_out: int
+    control_bytes_in: int
+    control_bytes_out: int
+    payload_refused: dict = field(default_factory=dict)  # refused by the validator, by its reason, since last round
+
+
+class BatchReceiver:
+    """The transfer/intake side of one peer.
+
+    Owns: the intake buffer (`intake`), the validator and its one decode thread, the download slots,
+    turning pushed announcements into offers and downloads, the round's take (and lockstep's wait), and
+    DPO's per-round `fetch`. With no validator (a DPO peer) it takes no batches: their announcements
+    are declined before any download.
+    May call: transfer (download) over the supervisor's P2P replica, PeerView (a pusher joins the view,
+    a newcomer is greeted), Membership.read_announcements (for fetch), SwarmCounters, the LoopThread.
+    Thread: announcements and downloads on the loop thread; the validator on the decode thread;
+    `take` and `fetch` from the round loop.
+    """
+
+    def __init__(self, cfg: SwarmConfig, validate: Validator | None, *, view: PeerView, membership: Membership,
+                 dht: DHTSupervisor, loop: LoopThread, counters: SwarmCounters, keep: int,
+                 log: logging.Logger) -> None:
+        self.cfg = cfg
+        self.validate = validate
+        self.keep = keep  # rounds a peer keeps (so an older round is known to be gone)
+        self.log = log
+        self.intake = Intake(
+            Freshness(cfg.max_batch_age_s, cfg.max_version_lag, cfg.max_clock_skew_s, cfg.max_version_jump),
+            max_batches=cfg.buffer_batches, max_bytes=cfg.buffer_bytes, max_size=cfg.max_batch_bytes,
+        )
+        # the parts it calls
+        self.view = view
+        self.membership = membership
+        self.dht = dht
+        self.loop = loop
+        self.counters = counters
+        self._decoder = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-node-decode")
+                         if validate is not None else None)
+        self._downloads: asyncio.Semaphore | None = None
+
+    def close(self) -> None:
+        if self._decoder is not None:
+            self._decoder.shutdown(wait=False, cancel_futures=True)
+
+    # ---- announcements in (loop thread) ----
+
+    def on_announcement(self, peer_id: str, ann: BatchAnnouncement | None, problem: str, nbytes: int) -> None:
+        """An authenticated peer announced a batch (or sent something invalid: `ann` None, `problem` why)."""
+        self.counters.add("control_bytes_in", nbytes)
+        self.counters.add("announcements_in")
+        if ann is None:
+            self.counters.reject(reasons.BAD_ANNOUNCEMENT, peer_id, problem)
+            return
+        member = MemberRecord(peer_id=peer_id, mode=ann.mode, model_name=ann.model_name,
+                              tokenizer_fp=ann.tokenizer_fp, task_id=ann.task_id, round=ann.round,
+                              updated=float(time.time()))
+        if not self.view.accepts(member):
+            self.counters.add(reasons.DECLINED)
+            return
+        if self.view.heard_from(peer_id, member):
+            self.view.greet_newcomer(peer_id)  # it learns of our newest batch at once
+        if self.validate is None:  # we take no batches
+            self.counters.add(reasons.DECLINED)
+            return
+        offer = Offer(peer_id=peer_id, round=ann.round, version=ann.version, generated=ann.generated,
+                      size=ann.size, sha256=ann.sha256, info={"member": member})
+        verdict, to_fetch = self.intake.offer(offer)
+        if verdict in reasons.OFFER_REASONS:  # counted by the intake; logged here, rate-limited
+            self.counters.log_refusal(verdict, peer_id, f"batch round {ann.round} version {ann.version}, "
+                                                        f"{ann.size} bytes")
+        if to_fetch is not None:
+            self.loop.spawn(self._download_offer(to_fetch))
+
+    # ---- downloads and validation ----
+
+    async def _download_offer(self, offer: Offer) -> None:
+        """Background download of an accepted offer, validated on the decode thread, into the intake
+        buffer; then the peer's next offer."""
+        payload = decoded = None
+        try:
+            if self._downloads is None:
+                self._downloads = asyncio.Semaphore(MAX_DOWNLOADS)
+            async with self._downloads:  # bounds the payloads held while downloading or decoding
+                entry = BlobEntry(round=offer.round, size=offer.size, sha256=offer.sha256)
+                end = time.monotonic() + self.cfg.collect_deadline_s
+                for _attempt in range(FETCH_ATTEMPTS):
+                    payload, reason = await self._download("batch", offer.peer_id, entry, end - time.monotonic())
+                    if payload is not None or reason not in RETRIABLE or time.monotonic() >= end:
+                        break
+                    await asyncio.sleep(0.2)
+                if payload is not None and self.loop.accepting:
+                    decoded = await asyncio.get_running_loop().run_in_executor(
+                        self._decoder, self._validated, offer, payload)
+                if decoded is None:
+                    payload = None  # failed or refused (counted): the peer's slot frees for its next offer
+        finally:
+            nxt = self.intake.fetched(offer, payload, decoded)
+            if nxt is not None:
+                self.loop.spawn(self._download_offer(nxt))
+
+    def _validated(self, offer: Offer, payload: bytes) -> Any:
+        """On the decode thread: what the validator made of the payload, or None after counting and
+        logging its refusal."""
+        try:
+            decoded = self.validate(payload, offer)
+        except PayloadRefused as exc:
+            self.counters.refuse_payload(exc.reason, offer.peer_id, offer.round, exc.detail)
+            return None
+        except Exception as exc:  # a validator must not raise; if it does, the batch is refused, not the node
+            self.counters.reject(reasons.VALIDATE_ERROR, offer.peer_id,
+                                 f"batch round {offer.round}: {type(exc).__name__}: {exc}")
+            return None
+        if decoded is None:
+            self.counters.reject(reasons.VALIDATE_ERROR, offer.peer_id,
+                                 f"batch round {offer.round}: the validator returned nothing")
+        return decoded
+
+    async def _download(self, kind: str, peer_id: str, entry: BlobEntry,
+                        timeout: float) -> tuple[bytes | None, str | None]:
+        """One download -> (payload, None), or (None, reason) after a counted, logged rejection."""
+        if entry.size > self.cfg.max_batch_bytes:
+            self.counters.reject(reasons.TOO_LARGE, peer_id, f"{kind} round {entry.round}: announced {entry.size} "
+                                 f"bytes > limit {self.cfg.max_batch_bytes}")
+            return None, reasons.TOO_LARGE
+        p2p = self.dht.p2p
+        if p2p is None:
+            self.counters.reject(reasons.STREAM_ERROR, peer_id, "P2P is restarting")
+            return None, reasons.STREAM_ERROR
+        try:
+            payload = await with_deadline(
+                download(p2p, peer_id, kind, entry.round, expected_size=entry.size, expected_sha256=entry.sha256,
+                         max_bytes=self.cfg.max_batch_bytes, on_received=lambda n: self.counters.add("bytes_in", n)),
+                timeout,
+            )
+        except TransferError as exc:
+            self.counters.reject(exc.reason, peer_id, f"{kind} round {entry.round}: {exc.detail}")
+            return None, exc.reason
+        self.counters.add("received")
+        return payload, None
+
+    # ---- what the round takes ----
+
+    def take(self, k: int, accept: Accept | None = None, *, lockstep: bool = False, round_: int = 0,
+             staleness: int = 0, deadline_s: float = 0.0, choose: Callable[[list, int], list[int]] | None = None,
+             closed: Callable[[], bool] = lambda: False) -> list[Received]:
+        """Up to k buffered batches of distinct peers (see SwarmNode.receive)."""
+        def ok(offer: Offer) -> bool:
+            return accepts(accept, offer.info["member"])
+
+        min_round = round_ - staleness if lockstep else None
+        if lockstep:
+            end = time.monotonic() + deadline_s
+            with self.intake.cond:
+                while not closed():
+                    want = min(k, self.view.count_accepted(accept))  # nobody else live: nothing to wait for
+                    if self.intake.count_ready(ok, min_round=min_round) >= want:
+                        break
+                    left = end - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.intake.cond.wait(min(left, POLL_S))
+        taken, refetch = self.intake.take(k, ok, min_round=min_round, choose=choose)
+        for offer in refetch:
+            self.loop.submit(self._download_offer(offer))
+        out = []
+        for b, (age, lag) in zip(taken, self.intake.ages(taken), strict=True):
+            o = b.offer
+            out.append(Received(o.peer_id, o.round, b.payload, o.info.get("member"), o.version, age, lag, b.arrived,
+                                b.decoded))
+        return out
+
+    # ---- DPO: one peer's blob for one round ----
+
+    def fetch(self, kind: str, peer_id: str, round_: int, deadline_s: float) -> bytes | None:
+        """One peer's blob for one round, waiting until it is announced in the DHT (up to the deadline)."""
+        try:
+            return self.loop.run(self._fetch(kind, peer_id, int(round_), deadline_s), deadline_s + 10)
+        except Exception as exc:
+            self.log.warning("fetch(%s, %s, round %d) failed: %s", kind, peer_id, round_, exc)
+            return None
+
+    async def _fetch(self, kind: str, peer_id: str, round_: int, deadline_s: float) -> bytes | None:
+        loop = asyncio.get_running_loop()
+        end = time.monotonic() + deadline_s
+        attempts = 0
+        while time.monotonic() < end:
+            ann = (await loop.run_in_executor(None, self.membership.read_announcements, kind)).get(peer_id)
+            entry = ann.entry(round_) if ann else None
+            if entry is not None:
+                attempts += 1
+                payload, reason = await self._download(kind, peer_id, entry, end - time.monotonic())
+                if payload is not None or reason not in RETRIABLE or attempts >= FETCH_ATTEMPTS:
+                    return payload
+                await asyncio.sleep(min(0.2, max(end - time.monotonic(), 0.0)))  # a dropped stream: try again
+                continue
+            if ann is not None and ann.latest is not None and ann.latest.round > round_ and len(ann.blobs) >= self.keep:
+                return None  # that round is no longer kept by the peer
+            await asyncio.sleep(min(POLL_S, max(end - time.monotonic(), 0.0)))
+        self.counters.reject(reasons.TIMEOUT, peer_id, f"{kind} round {round_} not announced within {deadline_s:.1f}s")
+        return None

@@ -1,0 +1,189 @@
+"""Supervising a peer's hivemind DHT child: its identity, calls into it, its P2P replica, restarts.
+
+hivemind runs the DHT (and its p2pd) in a forked child process. A child that dies (killed, out of memory,
+a p2pd crash) is replaced by a new one with the same identity, so the peer id, the records it signs and
+the stream handlers other peers dial stay the same; the restart loop backs off up to 30 s while the
+bootstrap is unreachable. Calls into the child go through one lock, so its pipe is written by one
+thread at a time, and end early when the child dies (`dht.wait_dht_result`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import hivemind
+from hivemind.p2p import P2P
+
+from swarm_node.config import SwarmConfig
+from swarm_node.swarm import records
+from swarm_node.swarm.dht import RefusalTally, ensure_identity, kill_dht, start_dht, wait_dht_result
+from swarm_node.swarm.loop import LoopThread
+
+CALL_TIMEOUT_S = 10.0
+RESTART_BACKOFF_MAX_S = 30.0
+
+StreamHandler = Callable  # hivemind binary stream handler: async (info, reader, writer) -> None
+
+
+class DHTUnavailable(RuntimeError):
+    """The DHT child is down (being restarted)."""
+
+
+class DHTSupervisor:
+    """The DHT child of one peer, kept alive.
+
+    Owns: the peer's identity (the key file, or a temporary one; its signing key, owner subkey and peer id),
+    the record validators, the hivemind DHT child process, the lock that serialises calls into it, the
+    P2P replica (`replicate_p2p`) with our stream handlers attached, the restart count, and the tally of
+    records the child refused.
+    May call: swarm.dht (start, kill, wait on the child), swarm.records (keys, validators), the LoopThread
+    it is given (the P2P replica lives on it). Nothing above: it knows no blobs, peers or rounds.
+    Thread: `start` and `close` on the owner's thread; `call`, `p2p` and `visible_maddrs` from any thread;
+    `restart` from the one thread that watches the child (the heartbeat); the handlers run on the loop.
+    """
+
+    def __init__(self, cfg: SwarmConfig, loop: LoopThread, handlers: dict[str, StreamHandler],
+                 log: logging.Logger) -> None:
+        self.cfg = cfg
+        self.loop = loop
+        self.handlers = handlers
+        self.log = log
+        self.peer_id = ""
+        self.subkey = b""
+        self.restarts = 0
+        self._identity = ""
+        self._tmp_identity = None
+        self._validators: list = []
+        self._child: hivemind.DHT | None = None
+        self._p2p: P2P | None = None
+        self._p2p_socket: str | None = None
+        self._lock = threading.RLock()
+        self._refusals = RefusalTally()
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        """Make or load the identity, start the child (retrying the bootstrap; UserFacingError if it stays
+        unreachable) and attach our handlers. On failure everything started is stopped again."""
+        self._identity, self._tmp_identity, created = ensure_identity(self.cfg.identity_path)
+        key = records.load_identity_key(self._identity)
+        self.subkey = records.subkey_for(key)
+        self.peer_id = records.peer_id_of_subkey(self.subkey) or ""
+        self._validators = records.make_validators(self.cfg.swarm_id, key)
+        try:
+            self._child = start_dht(self.cfg, self._identity, self._validators, check_identity=not created,
+                                    logger=self.log)
+            self._attach_p2p()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the P2P replica and the child; remove a temporary identity. Idempotent."""
+        self._detach_p2p()
+        if self._child is not None:
+            kill_dht(self._child)
+            self._child = None
+        if self._tmp_identity is not None:
+            self._tmp_identity.cleanup()
+            self._tmp_identity = None
+
+    # ---- using the child ----
+
+    @property
+    def child(self) -> hivemind.DHT | None:
+        """The running hivemind DHT (None while it is restarted)."""
+        return self._child
+
+    @property
+    def p2p(self) -> P2P | None:
+        """Our P2P replica, for opening streams to peers (None while the child is restarted)."""
+        return self._p2p
+
+    def alive(self) -> bool:
+        child = self._child
+        return child is not None and child.is_alive()
+
+    def call(self, method: str, *args, **kwargs):
+        """`hivemind.DHT.<method>(*args, **kwargs)`; DHTUnavailable while restarting, ConnectionError if the
+        child dies meanwhile, TimeoutError after CALL_TIMEOUT_S."""
+        with self._lock:
+            child = self._require()
+            future = getattr(child, method)(*args, return_future=True, **kwargs)
+        return wait_dht_result(child, future, CALL_TIMEOUT_S)
+
+    def visible_maddrs(self) -> list[str]:
+        with self._lock:
+            return [str(m) for m in self._require().get_visible_maddrs()]
+
+    def new_refusals(self) -> dict[str, int]:
+        """Records the child refused since the last call, by reason ({} while it is unreachable)."""
+        return self._refusals.poll(self.call)
+
+    def _require(self) -> hivemind.DHT:
+        child = self._child
+        if child is None or not child.is_alive():
+            raise DHTUnavailable("the DHT is restarting")
+        return child
+
+    # ---- restarts ----
+
+    def dead_child(self) -> hivemind.DHT | None:
+        """The child, if it has died (the heartbeat checks this every second)."""
+        child = self._child
+        return child if child is not None and not child.is_alive() else None
+
+    def restart(self, dead: hivemind.DHT, stop: threading.Event) -> bool:
+        """Replace a dead child with a new one of the same identity; retries with backoff until it is up
+        (True) or `stop` is set (False). The caller then re-stores its records at once."""
+        t0 = time.monotonic()
+        self.log.warning("DHT child (pid %s) died with exit code %s; restarting it", dead.pid, dead.exitcode)
+        with self._lock:
+            self._child = None
+        self._detach_p2p()
+        kill_dht(dead, self._p2p_socket)
+        delay = 1.0
+        while not stop.is_set():
+            try:
+                child = start_dht(self.cfg, self._identity, self._validators, check_identity=False, logger=self.log)
+                with self._lock:
+                    self._child = child
+                self._attach_p2p()
+                break
+            except Exception as exc:
+                self.log.error("restarting the DHT failed (retrying in %.0fs): %s", delay, exc)
+                if self._child is not None:
+                    kill_dht(self._child)
+                    with self._lock:
+                        self._child = None
+                stop.wait(delay)
+                delay = min(delay * 2, RESTART_BACKOFF_MAX_S)
+        if stop.is_set():
+            return False
+        self.restarts += 1
+        self.log.debug("DHT child restarted in %.1fs", time.monotonic() - t0)
+        return True
+
+    # ---- the P2P replica ----
+
+    def _attach_p2p(self) -> None:
+        async def attach():
+            p2p = await self._child.replicate_p2p()
+            for name, handler in self.handlers.items():
+                await p2p.add_binary_stream_handler(name, handler)
+            return p2p
+
+        with self._lock:
+            self._p2p = self.loop.run(attach(), CALL_TIMEOUT_S + 5)
+            self._p2p_socket = str(self._p2p.daemon_listen_maddr).removeprefix("/unix")
+
+    def _detach_p2p(self) -> None:
+        p2p, self._p2p = self._p2p, None
+        if p2p is not None and self.loop.running:
+            try:
+                self.loop.run(p2p.shutdown(), 5)
+            except Exception as exc:
+                self.log.debug("closing the P2P replica: %s", exc)

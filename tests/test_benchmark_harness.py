@@ -1,0 +1,145 @@
+"""The benchmarks' shared pieces: one node config, one held-out scorer that is the node's own evaluation,
+the shared seed/size/JSON arguments, one way to run (`python -m benchmarks.NAME`) and the index."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import args as bench_args
+from benchmarks import nodes
+
+ROOT = Path(__file__).resolve().parents[1]
+HELPERS = {"__init__", "args", "nodes", "frozen_source"}  # modules that are not benchmarks themselves
+BENCHMARKS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem not in HELPERS)
+TEMPLATE = "{% for m in messages %}Q: {{ m['content'] }}\nA:{% endfor %}"
+
+
+def test_the_index_lists_every_benchmark_with_its_command_and_sizes():
+    index = (ROOT / "benchmarks" / "README.md").read_text()
+    listed = re.findall(r"^\| `([a-z_]+)` \|", index, flags=re.M)
+    assert sorted(listed) == BENCHMARKS  # no benchmark missing from the index, none listed that is gone
+    for row in re.findall(r"^\| `[a-z_]+` \|.*$", index, flags=re.M):
+        where = row.split("|")[-2]
+        doc = re.match(r" *(docs/[a-z_]+\.md) ", where)
+        assert doc, row
+        text = (ROOT / doc.group(1)).read_text()
+        sections = re.findall(r'"([^"]+)"', where)
+        assert sections, row
+        for title in sections:  # every section the index names exists (a heading that starts with it)
+            assert re.search(rf"^#+ {re.escape(title)}", text, flags=re.M), (row, title)
+
+
+def test_docs_run_benchmarks_one_way():
+    """Every command line in the docs starts a benchmark as a module, never as a script path."""
+    docs = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    docs += sorted((ROOT / "benchmarks").glob("*.py"))
+    for path in docs:
+        text = path.read_text()
+        assert not re.search(r"python3? benchmarks/", text), path
+        assert "PYTHONPATH=$PWD python" not in text, path
+        assert "sys.path.insert" not in text or path.name == "test_benchmark_harness.py", path
+
+
+@pytest.mark.parametrize("name", BENCHMARKS)
+def test_every_benchmark_takes_the_shared_arguments(name, monkeypatch):
+    module = importlib.import_module(f"benchmarks.{name}")
+    monkeypatch.setattr(sys, "argv", [name, "--help"])
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+        module.main()
+    assert stop.value.code == 0
+    for flag in ("--quick", "--seeds", "--seed", "--json"):
+        assert flag in out.getvalue(), (name, flag)
+
+
+def parse(argv: list[str], **defaults) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    bench_args.add_run_args(ap, **{"seeds": 3, "quick": "small", **defaults})
+    return ap.parse_args(argv)
+
+
+def test_seeds_default_quick_default_and_explicit_value():
+    assert bench_args.resolve_seeds(parse([])) == [0, 1, 2]
+    assert bench_args.resolve_seeds(parse(["--quick"], quick_seeds=1)) == [0]
+    assert bench_args.resolve_seeds(parse(["--quick", "--seeds", "2"], quick_seeds=1)) == [0, 1]  # explicit wins
+    assert bench_args.resolve_seeds(parse(["--seed", "5", "--seeds", "2"], first_seed=1)) == [5, 6]
+    assert bench_args.resolve_seeds(parse([], first_seed=1)) == [1, 2, 3]
+    with pytest.raises(SystemExit):
+        bench_args.resolve_seeds(parse(["--seeds", "0"]))
+
+
+def test_json_output_records_how_it_was_made(tmp_path, monkeypatch):
+    a = parse(["--seed", "4", "--seeds", "2", "--json", str(tmp_path / "deep" / "out.json")])
+    bench_args.resolve_seeds(a)
+    monkeypatch.setattr(sys, "argv", ["x", "--seed", "4"])
+    bench_args.write_json(a.json, {"table": [1, 2]}, a)
+    doc = json.loads(a.json.read_text())
+    assert doc["table"] == [1, 2] and doc["run"]["seeds"] == [4, 5]
+    assert doc["run"]["command"].startswith("python -m ") and doc["run"]["command"].endswith("--seed 4")
+    assert {"date", "machine", "cpus"} <= set(doc["run"])
+    bench_args.write_json(tmp_path / "rows.json", [{"a": 1}], a)  # a list is kept whole under "results"
+    assert json.loads((tmp_path / "rows.json").read_text())["results"] == [{"a": 1}]
+    assert bench_args.public_args(a)["json"] == str(a.json) and "_default_seeds" not in bench_args.public_args(a)
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> Path:
+    """A tiny random model whose tokenizer has a chat template, saved as a checkpoint."""
+    from swarm_node.models.factory import PRESETS, build_model, build_tokenizer
+
+    tok = build_tokenizer()
+    tok.chat_template = TEMPLATE
+    model = build_model(PRESETS["tiny-s"], len(tok), tok.pad_token_id, tok.eos_token_id, seed=1)
+    path = tmp_path_factory.mktemp("bench") / "chat-model"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_node_config_defaults_and_overrides(chat_model):
+    cfg = nodes.node_config(str(chat_model), 3, training={"variant": "on_policy"})
+    assert (cfg.seed, cfg.task.name, cfg.task.prompts_per_round, cfg.task.eval_n) == (3, "arithmetic", 16, 400)
+    assert (cfg.generation.num_generations, cfg.generation.max_new_tokens) == (8, 6)
+    assert cfg.training.variant == "on_policy" and cfg.metrics.eval_every == nodes.NEVER
+    cfg = nodes.node_config({"path": str(chat_model), "name": "x"}, 0, eval_n=7, max_new_tokens=8, rounds=5,
+                            task={"eval_split": "ood"}, generation={"chat_template": "off"}, pipeline=True)
+    assert (cfg.model.name, cfg.task.eval_n, cfg.task.eval_split, cfg.generation.max_new_tokens) == ("x", 7, "ood", 8)
+    assert cfg.task.name == "arithmetic" and cfg.rounds == 5 and cfg.pipeline and cfg.generation.chat_template == "off"
+
+
+def test_heldout_score_is_the_nodes_own_evaluation(chat_model, tmp_path, monkeypatch):
+    """The benchmarks' scorer and GRPONode.evaluate hand score_prompts the same prompts, token budget, batch
+    size and prompt encoder (the node's, so a chat template applies), so their numbers cannot drift apart."""
+    import swarm_node.evaluation as evaluation
+
+    cfg = nodes.node_config({"path": str(chat_model), "device": "cpu", "dtype": "float32"}, 0, prompts=2, eval_n=6,
+                            generations=2, max_new_tokens=3, generation={"batch_size": 96})
+    node = nodes.grpo_node(cfg, tmp_path / "state")
+    assert node.prompts.template is not None
+    calls = []
+    real = evaluation.score_prompts
+
+    def spy(model, tok, task, prompts, max_new_tokens, batch_size=256, encode=None):
+        calls.append(([p.id for p in prompts], max_new_tokens, batch_size, [encode(p.text) for p in prompts]))
+        return real(model, tok, task, prompts, max_new_tokens, batch_size, encode)
+
+    monkeypatch.setattr(evaluation, "score_prompts", spy)
+    monkeypatch.setattr(nodes, "score_prompts", spy)
+    accuracy = node.evaluate()["accuracy"]
+    score = nodes.heldout_score(node)
+    assert calls[0] == calls[1] and score.accuracy == accuracy and len(score.hits) == 6
+    ids, max_new, batch, encoded = calls[1]
+    assert max_new == 3 and batch == 96
+    texts = node.task.eval_prompts("id", 6)
+    assert encoded == [node.tok(f"Q: {p.text}\nA:", add_special_tokens=False)["input_ids"] for p in texts]
+    nodes.heldout_score(node, "ood", 4, max_new_tokens=8, batch_size=5)  # a committed table's own setting
+    assert calls[2][:3] == ([p.id for p in node.task.eval_prompts("ood", 4)], 8, 5)

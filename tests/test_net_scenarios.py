@@ -1,0 +1,57 @@
+"""Real GRPO nodes in the network lab (tests/tooling/netlab.py): peers behind NAT, a bootstrap that dies.
+
+Each test builds its own namespaces (as root; skipped with the harness's reason otherwise), runs real
+`swarm-node bootstrap` and `swarm-node run` processes in them (tests/tooling/net_scenarios.py) and
+removes everything at the end. The figures the scenarios return are benchmarks/network.py's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tooling import net_scenarios, netlab
+
+REASON = netlab.unavailable()
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400),
+              pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+
+
+def test_peer_behind_nat_joins_receives_and_serves(presets_dir, tmp_path):
+    """Two NAT'ed peers (use_auto_relay) and a public one: every pair trains on the other's groups, the
+    two behind different NATs included (through a circuit relay on the public bootstraps)."""
+    out = net_scenarios.nat(tmp_path, timeout_s=150)
+    assert out["all_pairs_shared"], out
+    assert out["groups_from"]["ha"]["hb"] > 0 and out["groups_from"]["hb"]["ha"] > 0, out
+    assert netlab.our_namespaces(out["lab"]) == []  # torn down
+
+
+def test_new_peer_joins_through_the_surviving_bootstrap(presets_dir, tmp_path):
+    """Two bootstraps, one SIGKILLed while two peers exchange: they keep exchanging, and a newcomer that
+    lists the dead bootstrap first joins through the other and trains on both peers' groups (and they on its)."""
+    out = net_scenarios.bootstrap_dies(tmp_path, timeout_s=120)
+    assert out["exchanging_before_kill"], out
+    assert out["all_exchange_after_kill"], out
+    assert netlab.our_namespaces(out["lab"]) == []
+
+
+def test_peer_rejoins_after_its_link_is_cut(presets_dir, tmp_path):
+    """A peer's link is down for 20 s (the benchmark's is 60 s): it keeps doing rounds (none stuck), and once
+    the link is back it and the others train on each other's groups again."""
+    out = net_scenarios.link_cut(tmp_path, down_s=20, timeout_s=120)
+    assert out["exchanging_before_cut"], out
+    assert out["rounds_during_cut"] > 5 and out["longest_round_gap_s"] < 10, out
+    assert out["exchange_after_restore"], out
+    assert netlab.our_namespaces(out["lab"]) == []
+
+
+def test_thin_uplink_slows_only_the_thin_peer(tmp_path):
+    """8 network-only peers, one on 1 Mbit/s: nobody's pace drops; the thin peer takes fewer batches (its
+    download is capped too) but still serves some; the others still fill most of K from the fast peers."""
+    out = net_scenarios.thin_uplink(tmp_path, warmup_s=15, measure_s=20)
+    peers = out["peers"]
+    assert all(p.get("rounds", 0) >= 18 for p in peers.values()), out  # 1 s rounds over a 20 s window
+    others = [p for name, p in peers.items() if name != "thin"]
+    assert peers["thin"]["batches_per_round"] < 3.0, out
+    assert sum(p["from_thin_per_round"] for p in others) > 0, out
+    assert min(p["batches_per_round"] for p in others) >= 3.0, out
+    assert netlab.our_namespaces(out["lab"]) == []

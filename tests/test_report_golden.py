@@ -1,0 +1,43 @@
+"""report.json and report.md stay byte-for-byte what they were before the dashboard shared their numbers.
+
+tests/data/report_golden/<case>/ are run dirs (a real 2-peer demo with its alone arm, a synthetic demo dir
+with a peer that has no rows yet, a GRPO node's state dir with a line cut short, a DPO node's); the
+<case>.report.json / .report.md beside them were written by the report code as it was before the
+refactor (commit 696d22a), except the "Rejections by reason" table the reason registry added to report.md
+and the specialties' per-part keys and gain-over-alone column (2026-12-02). The dashboard's page shows the
+same per-peer numbers (one function).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from swarm_node.dashboard.data import RunWatcher
+from swarm_node.runs.report import write_report
+
+DATA = Path(__file__).resolve().parent / "data" / "report_golden"
+CASES = sorted(p.name for p in DATA.iterdir() if p.is_dir())
+EXTRA = {"command": "swarm-node demo (golden)", "rounds": 8}  # what the expected files were written with
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_report_output_is_unchanged(case, tmp_path):
+    run = tmp_path / case
+    shutil.copytree(DATA / case, run)
+    write_report(run, dict(EXTRA))
+    written = json.loads((run / "report.json").read_text())
+    assert written.pop("run_dir") == str(run)
+    assert written == json.loads((DATA / f"{case}.report.json").read_text())
+    assert (run / "report.md").read_text() == (DATA / f"{case}.report.md").read_text()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_page_shows_the_reports_numbers(case):
+    expected = json.loads((DATA / f"{case}.report.json").read_text())["arms"]
+    doc = json.loads(RunWatcher([DATA / case]).document())
+    page = {(p["arm"], p["name"]): p["summary"] for p in doc["peers"]}
+    assert page == {(arm, peer): s for arm, peers in expected.items() for peer, s in peers.items()}

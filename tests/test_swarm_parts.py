@@ -1,0 +1,88 @@
+"""The swarm peer's parts without a network: refusal logs are rate-limited, every reason is registered."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from swarm_node.config import SwarmConfig
+from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw, reasons
+from swarm_node.swarm.announce import BatchAnnouncement
+from swarm_node.swarm.counters import SwarmCounters
+
+SWARM_DIR = Path(__file__).resolve().parents[1] / "swarm_node" / "swarm"
+INFO = PeerInfo(mode="grpo", model_name="m", tokenizer_fp="tok", task_id="t")
+
+
+def _announcement(round_: int, **kw) -> BatchAnnouncement:
+    fields = dict(kind="batch", round=round_, version=0, generated=time.time(), size=100, sha256="0" * 64,
+                  mode="grpo", model_name="x", tokenizer_fp="tok", task_id="t")
+    return BatchAnnouncement(**{**fields, **kw})
+
+
+def _peer_lines(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "rejected from peer" in r.getMessage()]
+
+
+def test_a_thousand_refused_announcements_write_a_bounded_number_of_lines(caplog) -> None:
+    """Refused pushed announcements are counted one by one, but logged through the rate limiter: a peer
+    (or a thousand fresh identities) cannot write a WARNING per message it sends."""
+    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # never started: no network
+    on_announcement = node.receiver.on_announcement
+    with caplog.at_level(logging.WARNING, logger="swarm_node.swarm"):
+        for i in range(1000):  # one peer, rounds far in the future
+            on_announcement("flooder", _announcement(10**12 + i), "", 400)
+        for i in range(1000):  # a thousand identities, each with one batch generated an hour ago
+            on_announcement(f"sybil-{i}", _announcement(1, generated=time.time() - 3600), "", 400)
+        for _ in range(1000):  # messages that are not announcements at all
+            on_announcement("junk", None, "not JSON", 40)
+    rejected = node.stats()["rejected"]
+    assert rejected["future_round"] == 1000 and rejected["stale_age"] == 1000
+    assert rejected["bad_announcement"] == 1000  # each one counted, not only the first of a peer
+    lines = _peer_lines(caplog)
+    burst = node.counters.peer_log.burst
+    assert 3 <= len(lines) <= 3 * burst, len(lines)  # one burst per reason, for 3,000 refusals
+    assert node.counters.peer_log.suppressed_total == 3000 - len(lines)
+
+
+def test_counters_refuse_a_reason_outside_the_registry() -> None:
+    counters = SwarmCounters(logging.getLogger("test"))
+    counters.reject(reasons.DIGEST_MISMATCH, "p", "x")
+    with pytest.raises(ValueError, match="not a reason"):
+        counters.reject("made_up_reason", "p", "x")
+
+
+def test_the_registry_covers_every_family_of_reasons() -> None:
+    from swarm_node.swarm import records, transfer
+
+    assert set(transfer.UPLOAD_REASONS) | set(reasons.TRANSFER_REASONS) | set(reasons.OFFER_REASONS) <= set(
+        reasons.REJECTED)
+    assert set(reasons.RECORD_REASONS) <= set(reasons.REJECTED) and reasons.VALIDATE_ERROR in reasons.REJECTED
+    assert not set(reasons.EVENTS) & set(reasons.REJECTED)
+    assert len(set(reasons.REJECTED)) == len(reasons.REJECTED)
+    assert records.REFUSALS is not None  # the DHT child's counter, keyed by RECORD_REASONS
+
+
+REASON_CALLS = {"reject", "log_refusal", "TransferError", "BadRequest", "_refuse", "refuse"}
+
+
+def test_no_swarm_module_names_a_reason_by_a_string_literal() -> None:
+    """Every reason the swarm counts is a constant of swarm/reasons.py: a literal passed where a reason goes
+    (or a `reasons.X` that does not exist) would slip past the registry the node side exports."""
+    bad = []
+    for path in sorted(SWARM_DIR.glob("*.py")):
+        if path.name == "reasons.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and node.args:
+                name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+                if name in REASON_CALLS and isinstance(node.args[0], ast.Constant):
+                    bad.append(f"{path.name}:{node.lineno} {name}({node.args[0].value!r})")
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "reasons"
+                    and not hasattr(reasons, node.attr)):
+                bad.append(f"{path.name}:{node.lineno} reasons.{node.attr}")
+    assert bad == []
