@@ -296,11 +296,14 @@ def test_lying_peer_is_overridden_not_trusted(swarm_run):
         # honest peers' claims agree with the local recomputation
         honest_groups = sum(r["external_groups"] for r in rows) - from_liar
         assert honest_groups > 0
-        # the liar's made-up log-probs (-0.7 everywhere) also fail the per-peer skew audit once it has seen a
-        # few of its batches: those were overridden first (16 completions a batch), then refused by reason;
-        # honest peers are never refused by an audit
+        # the liar's made-up log-probs (-0.7 everywhere) also fail the log-prob audits once they have seen a
+        # few of its batches: those were overridden first (16 completions a batch), then refused by reason.
+        # An audit may also refuse an honest specialist (the skew audit's known cost, docs/security.md: on an
+        # idle AMD EPYC, 2026-12-02, tiny-m refused 27 of the others' batches), and those carry no override;
+        # so every override beyond the trained liar groups is a whole audited liar batch.
         audited = sum((r["rejected"] or {}).get(k, 0) for r in rows for k in ("logprob_skew", "logprob_outlier"))
-        assert overridden == 4 * from_liar + 16 * audited, (p.name, overridden, from_liar, audited)
+        extra = overridden - 4 * from_liar
+        assert extra % 16 == 0 and extra <= 16 * audited, (p.name, overridden, from_liar, audited)
 
 
 def test_batches_older_than_the_age_limit_are_not_trained_on(swarm_run):
@@ -320,11 +323,14 @@ def test_batches_older_than_the_age_limit_are_not_trained_on(swarm_run):
 def test_killed_peer_does_not_stall_the_others(presets, tmp_path):
     swarm_id = "mp-kill"
     boot = start_bootstrap(tmp_path / "bootstrap", swarm_id)
-    # enough rounds that the survivors are still running when the test (on a loaded box, polling late)
-    # has seen the victim's first round and killed it: async rounds of tiny-s take ~1 s, and under load the
-    # victim, started last, logged its first round after the survivors' twelfth (2026-12-02)
+    # The survivors must still be running when the test has seen the victim's first round and killed it.
+    # Rounds are asynchronous, so a fixed count alone races the start-up: under load the victim, started last,
+    # logged its first round after the survivors' twelfth; on an idle machine after their 24th (both
+    # 2026-12-02). So every node first waits until the two others are live (swarm.wait_for_peers), and the
+    # survivors have rounds to spare after that.
     rounds = 24
-    ov = small(swarm_id, rounds, **{"swarm.collect_deadline_s": 5.0, "metrics.eval_every": 100})
+    ov = small(swarm_id, rounds, **{"swarm.collect_deadline_s": 5.0, "metrics.eval_every": 100,
+                                    "swarm.wait_for_peers": 2, "swarm.join_wait_s": 180.0})
     survivors = [make_peer(tmp_path, "tiny-s", "a", {**ov, "seed": 11}),
                  make_peer(tmp_path, "tiny-s-lora", "b", {**ov, "seed": 12})]
     victim = make_peer(tmp_path, "tiny-s", "victim", {**ov, "rounds": 100, "seed": 13})
@@ -384,7 +390,6 @@ def test_slow_then_stopped_peer_costs_the_fast_one_nothing(presets, tmp_path):
             p.start(boot.maddrs)
         wait_for_round(slow, 1, timeout_s=180)
         start = wait_for_round(fast, 0, timeout_s=120)[-1]["round"]
-        slow_start = read_metrics(slow.metrics)[-1]["round"]
         cycle = threading.Thread(target=_duty_cycle, args=(slow.proc.pid, stop_cycle), daemon=True)
         cycle.start()
         mid = min(start + 12, rounds - 6)
@@ -400,8 +405,8 @@ def test_slow_then_stopped_peer_costs_the_fast_one_nothing(presets, tmp_path):
         assert [r["round"] for r in rows] == list(range(1, rounds + 1))
         # (the first round after joining waits once for the peers' first batches; never again)
         assert max(r["collect_s"] for r in rows[1:]) < 1.0, [r["collect_s"] for r in rows]
-        # while the peer ran 20% of the time it completed far fewer rounds than the fast node
-        assert slow_mid - slow_start < (mid - start) / 2, (slow_start, slow_mid, start, mid)
+        # (no assertion on how many rounds the peer did while it ran 20% of the time: that compares two models'
+        # speeds, and on an idle machine tiny-m at 20% did 8 rounds while tiny-s did 12, 2026-12-02)
         from_slow = sum(v for r in rows for k, v in r["external_groups_by_peer"].items() if k.endswith(":tiny-m"))
         assert from_slow > 0, ([r["external_groups_by_peer"] for r in rows], logs)
         assert rows[-1]["round"] == rounds and read_metrics(slow.metrics)[-1]["round"] == slow_mid
