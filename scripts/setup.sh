@@ -84,15 +84,22 @@ if [ "$WANT_SMOLLM2" = 1 ]; then
   fi
   "$VENV/bin/python" -c "from swarm_node.models.packaged import find_gguf; from swarm_node.models.presets import PACKAGED; print('[setup] ok: smollm2-135m source', find_gguf(PACKAGED['smollm2-135m'])[0].name)"
 fi
-# apt_tools WHAT PACKAGES...: Debian packages for a test, where this runs as root with apt-get
+# apt_tools WHAT PACKAGES...: Debian packages for a test, where this runs as root with apt-get. They are for tests
+# only, so where apt-get cannot install them (no mirror reachable, say) the setup goes on: it says so in one line
+# with apt's last words, and records it in $VENV/apt-failed, which tells `make test` that those tests may skip.
+APT_FAILED="$VENV/apt-failed"
+rm -f "$APT_FAILED"
 apt_tools() {
   local what=$1; shift
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing $* ($what)"
     export DEBIAN_FRONTEND=noninteractive
+    local err
     if ! apt-get install -y -q "$@" >/dev/null 2>&1; then
-      apt-get update -q >/dev/null
-      apt-get install -y -q "$@" >/dev/null
+      if ! err=$({ apt-get update -q && apt-get install -y -q "$@"; } 2>&1 >/dev/null); then
+        echo "[setup] apt-get could not install $* ($(printf '%s' "$err" | tail -n 1)), so $what will skip"
+        echo "$*" >> "$APT_FAILED"
+      fi
     fi
   else
     echo "[setup] not root or no apt-get: $* not installed, so $what will skip"
