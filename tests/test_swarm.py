@@ -210,6 +210,41 @@ def test_refusals_and_recovery_after_sigkill(pair):
     print(f"\nrecovery after SIGKILL: {recovery_s:.1f}s")
 
 
+def test_a_restarted_child_asks_for_the_ports_the_dead_one_had():
+    from swarm_node.swarm.dht import pin_ports
+
+    seen = ["/ip4/127.0.0.1/tcp/40531/p2p/QmA", "/ip4/10.0.0.2/tcp/40531/p2p/QmA", "/ip4/127.0.0.1/udp/40999/quic/p2p/QmA"]
+    assert pin_ports(["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic"], seen) == [
+        "/ip4/0.0.0.0/tcp/40531", "/ip4/0.0.0.0/udp/40999/quic"]
+    assert pin_ports(["/ip4/0.0.0.0/tcp/31337"], seen) == ["/ip4/0.0.0.0/tcp/31337"]  # a port set by the user stays
+    two = ["/ip4/127.0.0.1/tcp/1000/p2p/QmA", "/ip4/127.0.0.1/tcp/2000/p2p/QmA"]
+    assert pin_ports(["/ip4/0.0.0.0/tcp/0"], two) == ["/ip4/0.0.0.0/tcp/0"]  # which one is ours is not known
+    assert pin_ports(["/ip4/0.0.0.0/tcp/0"], []) == ["/ip4/0.0.0.0/tcp/0"]
+
+
+@pytest.mark.slow
+def test_the_first_nodes_restarted_dht_child_finds_the_peers_that_joined_through_it(pair):
+    """`a` started the swarm (no initial peers) and `b` joined through it. A new DHT child of `a` knows no
+    one's address; before it rejoined through the peers it had been connected to (and on its old port),
+    none of `a`'s batches reached `b` after a restart, nor `b`'s the new child's DHT (0 of 26 kills in
+    benchmarks/dht_recovery.py --killed first, 2026-12-02)."""
+    a, b = pair
+    a.publish("batch", 0, b"before" * 100)
+    assert len(b.receive(1, lockstep=True, round=0, staleness=0, deadline_s=10).batches) == 1
+    port = a.visible_maddrs()[0].split("/tcp/")[1].split("/")[0]
+    for kill in range(1, 4):
+        time.sleep(1.5)  # a heartbeat: a's p2pd lists b among its connected peers
+        os.kill(a.dht.child.pid, signal.SIGKILL)
+        assert _wait(lambda kill=kill: a.stats()["dht_restarts"] == kill, timeout=30)
+        assert a.visible_maddrs()[0].split("/tcp/")[1].split("/")[0] == port  # listens where b knows it
+        payload = os.urandom(5000)
+        a.publish("batch", kill, payload)
+        got = b.receive(1, lockstep=True, round=kill, staleness=0, deadline_s=10).batches
+        assert [r.payload for r in got] == [payload], (kill, a.stats(), b.stats())
+    b.publish("params", 7, b"p" * 1000)  # and b's records reach a's new child's DHT
+    assert a.fetch("params", b.peer_id, 7, deadline_s=10) == b"p" * 1000
+
+
 @pytest.mark.slow
 def test_receive_retries_a_dropped_stream(tmp_path):
     """A peer whose stream closes before replying (twice) is tried again within the deadline."""

@@ -82,6 +82,7 @@ class SwarmNode:
         self._heartbeat_thread: threading.Thread | None = None
         self._started = False
         self._closed = False
+        self._keep_view_until = 0.0  # after a DHT restart: member reads may add peers, not forget them
 
     @property
     def peer_id(self) -> str:
@@ -237,6 +238,7 @@ class SwarmNode:
     def _heartbeat(self) -> None:
         """Store our records when due, read membership when due, else re-push our newest batch."""
         self.counters.add_rejected(self.dht.new_refusals())  # records our DHT child refused
+        self.dht.remember_peers()
         now = time.monotonic()
         self.membership.store_due(now, len(self.view), self.blobs)
         if self.membership.read_due(now):
@@ -255,6 +257,8 @@ class SwarmNode:
         if not members and self.dht.child is None:
             return
         heard = self.intake.heard_since(time.time() - self.cfg.record_ttl_s)
+        if time.monotonic() < self._keep_view_until:
+            heard |= {m.peer_id for m in self.view.others()}
         gone = self.view.update(members, heard)
         for pid, m in members.items():
             if pid != self.peer_id:
@@ -275,11 +279,18 @@ class SwarmNode:
                 next_beat = time.monotonic() + self.cfg.heartbeat_s
 
     def _recover(self, dead) -> None:
-        """The DHT child died: a new one with the same identity, then our records re-stored at once."""
+        """The DHT child died: a new one with the same identity, then our records re-stored at once.
+
+        For a record TTL the view keeps the peers it had: the new child's storage starts empty, and a node
+        that no one's routing table leads back to at once (a swarm's first node has no initial peers) would
+        otherwise read a member list of itself, forget its peers and push its batches to nobody
+        (benchmarks/dht_recovery.py --killed first --publisher killed).
+        """
         t0 = time.monotonic()
         if not self.dht.restart(dead, self._stop):
             return
         self.counters.add("dht_restarts")
+        self._keep_view_until = time.monotonic() + self.cfg.record_ttl_s
         self.membership.store_all_now()
         self._heartbeat()
         self.log.warning("DHT restarted and swarm rejoined in %.1fs", time.monotonic() - t0)

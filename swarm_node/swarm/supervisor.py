@@ -19,11 +19,19 @@ from hivemind.p2p import P2P
 
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import records
-from swarm_node.swarm.dht import RefusalTally, ensure_identity, kill_dht, start_dht, wait_dht_result
+from swarm_node.swarm.dht import (
+    RefusalTally,
+    ensure_identity,
+    kill_dht,
+    pin_ports,
+    start_dht,
+    wait_dht_result,
+)
 from swarm_node.swarm.loop import LoopThread
 
 CALL_TIMEOUT_S = 10.0
 RESTART_BACKOFF_MAX_S = 30.0
+REJOIN_PEERS = 8  # connected peers remembered (with their addresses) to rejoin through after a restart
 
 StreamHandler = Callable  # hivemind binary stream handler: async (info, reader, writer) -> None
 
@@ -60,6 +68,8 @@ class DHTSupervisor:
         self._child: hivemind.DHT | None = None
         self._p2p: P2P | None = None
         self._p2p_socket: str | None = None
+        self._listen_maddrs: list[str] = list(cfg.host_maddrs)  # with the ports the child got (pin_ports)
+        self._rejoin: dict[str, list[str]] = {}  # peer id -> its maddrs, as our p2pd last saw them connected
         self._lock = threading.RLock()
         self._refusals = RefusalTally()
 
@@ -77,6 +87,7 @@ class DHTSupervisor:
             self._child = start_dht(self.cfg, self._identity, self._validators, check_identity=not created,
                                     logger=self.log)
             self._attach_p2p()
+            self._listen_maddrs = pin_ports(list(self.cfg.host_maddrs), self.visible_maddrs())
         except BaseException:
             self.close()
             raise
@@ -119,6 +130,25 @@ class DHTSupervisor:
         with self._lock:
             return [str(m) for m in self._require().get_visible_maddrs()]
 
+    def remember_peers(self) -> None:
+        """Note the peers our p2pd is connected to, with their addresses (the heartbeat calls this): a new
+        child gets them as initial peers, since the old p2pd's address book dies with it."""
+        p2p = self._p2p
+        if p2p is None:
+            return
+        try:
+            peers = self.loop.run(p2p.list_peers(), CALL_TIMEOUT_S)
+        except Exception as exc:
+            self.log.debug("listing connected peers: %s", exc)
+            return
+        for info in peers:
+            pid = info.peer_id.to_base58()
+            if pid != self.peer_id and info.addrs:
+                self._rejoin.pop(pid, None)
+                self._rejoin[pid] = [f"{a}/p2p/{pid}" for a in info.addrs[:2]]
+        while len(self._rejoin) > REJOIN_PEERS:
+            self._rejoin.pop(next(iter(self._rejoin)))
+
     def new_refusals(self) -> dict[str, int]:
         """Records the child refused since the last call, by reason ({} while it is unreachable)."""
         return self._refusals.poll(self.call)
@@ -138,7 +168,14 @@ class DHTSupervisor:
 
     def restart(self, dead: hivemind.DHT, stop: threading.Event) -> bool:
         """Replace a dead child with a new one of the same identity; retries with backoff until it is up
-        (True) or `stop` is set (False). The caller then re-stores its records at once."""
+        (True) or `stop` is set (False). The caller then re-stores its records at once.
+
+        The first try listens on the dead child's ports and joins through the configured initial peers plus
+        the peers we were connected to (`remember_peers`). A new p2pd knows no one's address: a swarm's first
+        node has no initial peers, so it could reach none of its peers and they, dialling its old port, none
+        of it; both halves stayed apart (benchmarks/dht_recovery.py --killed first: no batch got through
+        after a restart before this). If that try fails (ports taken, those peers gone), later ones start as
+        configured."""
         t0 = time.monotonic()
         self.log.warning("DHT child (pid %s) died with exit code %s; restarting it", dead.pid, dead.exitcode)
         with self._lock:
@@ -146,19 +183,29 @@ class DHTSupervisor:
         self._detach_p2p()
         kill_dht(dead, self._p2p_socket)
         delay = 1.0
+        rejoin = list(dict.fromkeys([*self.cfg.initial_peers, *(m for ms in self._rejoin.values() for m in ms)]))
+        same_ports = self.cfg.model_copy(update={"host_maddrs": self._listen_maddrs, "bootstrap_retries": 0,
+                                                 "initial_peers": rejoin})
+        cfg = same_ports
         while not stop.is_set():
             try:
-                child = start_dht(self.cfg, self._identity, self._validators, check_identity=False, logger=self.log)
+                child = start_dht(cfg, self._identity, self._validators, check_identity=False, logger=self.log)
                 with self._lock:
                     self._child = child
                 self._attach_p2p()
+                self._listen_maddrs = pin_ports(list(self.cfg.host_maddrs), self.visible_maddrs())
                 break
             except Exception as exc:
-                self.log.error("restarting the DHT failed (retrying in %.0fs): %s", delay, exc)
                 if self._child is not None:
                     kill_dht(self._child)
                     with self._lock:
                         self._child = None
+                if cfg is same_ports:  # ports taken or those peers gone: start as configured
+                    self.log.warning("restarting the DHT on its old ports %s through %d known peer(s) failed: %s",
+                                     self._listen_maddrs, len(rejoin), exc)
+                    cfg = self.cfg
+                    continue
+                self.log.error("restarting the DHT failed (retrying in %.0fs): %s", delay, exc)
                 stop.wait(delay)
                 delay = min(delay * 2, RESTART_BACKOFF_MAX_S)
         if stop.is_set():
