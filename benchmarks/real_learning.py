@@ -200,10 +200,10 @@ def fmt(d: tuple[float, float, str]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(ap, seeds=3, quick_seeds=1, quick="1 seed, 3 rounds, n=40 (curves every 2 rounds on 20), arms alone and ftis")
-    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--rounds", type=int, default=24)
     ap.add_argument("--prompts", type=int, default=None, help="prompts per round (default: the peer configs')")
     ap.add_argument("--eval-n", type=int, default=200, help="held-out problems scored at the start and the end (the 0..20 split has 88)")
-    ap.add_argument("--curve-every", type=int, default=4)
+    ap.add_argument("--curve-every", type=int, default=8)
     ap.add_argument("--curve-n", type=int, default=200)
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--lr-full", type=float, default=None, help="learning rate of the full peer (default: its config's)")
