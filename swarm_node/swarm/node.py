@@ -29,11 +29,13 @@ from collections.abc import Callable
 
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import announce, reasons, transfer
+from swarm_node.swarm.addresses import config_warnings, unreachable_warning
 from swarm_node.swarm.blobs import BlobStore, describe
 from swarm_node.swarm.counters import SwarmCounters
 from swarm_node.swarm.intake import Intake
 from swarm_node.swarm.loop import LoopThread
 from swarm_node.swarm.membership import Membership, PeerInfo
+from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.swarm.receiver import BatchReceiver, RoundIntake, Validator
 from swarm_node.swarm.records import KINDS, MAX_ANNOUNCED_ROUNDS, MemberRecord
 from swarm_node.swarm.supervisor import DHTSupervisor
@@ -42,6 +44,8 @@ from swarm_node.swarm.view import Accept, PeerView
 JOIN_POLL_S = 1.0  # membership re-reads while a joining node's first round finds no live peer
 
 HEARTBEAT_THREAD = "swarm-node-heartbeat"
+UNREACHABLE_WARN_S = 30.0  # a peer every push failed to reach for this long (or 6 heartbeats) is warned about
+UNREACHABLE_HINT_EVERY_S = 600.0  # at most one such line per 10 minutes
 
 
 class SwarmNode:
@@ -83,6 +87,7 @@ class SwarmNode:
         self._started = False
         self._closed = False
         self._keep_view_until = 0.0  # after a DHT restart: member reads may add peers, not forget them
+        self._hints = RateLimitedLog(self.log, burst=1, period_s=UNREACHABLE_HINT_EVERY_S)
 
     @property
     def peer_id(self) -> str:
@@ -100,6 +105,8 @@ class SwarmNode:
         if self._started or self._closed:
             raise RuntimeError("SwarmNode.start() called twice (a node starts once; `with node:` starts it)")
         self._started = True
+        for line in config_warnings(self.cfg):
+            self.log.warning("%s", line)
         self.loop.start()
         t0 = time.monotonic()
         try:
@@ -239,6 +246,10 @@ class SwarmNode:
         """Store our records when due, read membership when due, else re-push our newest batch."""
         self.counters.add_rejected(self.dht.new_refusals())  # records our DHT child refused
         self.dht.remember_peers()
+        stuck_s = max(UNREACHABLE_WARN_S, 6 * self.cfg.heartbeat_s)
+        stuck = self.view.unreachable_for(stuck_s)
+        if stuck:
+            self._hints.warning("unreachable", "%s", unreachable_warning(self.cfg, stuck, stuck_s))
         now = time.monotonic()
         self.membership.store_due(now, len(self.view), self.blobs)
         if self.membership.read_due(now):

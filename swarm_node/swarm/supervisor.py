@@ -9,6 +9,7 @@ thread at a time, and end early when the child dies (`dht.wait_dht_result`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -32,6 +33,7 @@ from swarm_node.swarm.loop import LoopThread
 CALL_TIMEOUT_S = 10.0
 RESTART_BACKOFF_MAX_S = 30.0
 REJOIN_PEERS = 8  # connected peers remembered (with their addresses) to rejoin through after a restart
+LIST_PEERS_TIMEOUT_S = 2.0  # a local call to our p2pd; one that hangs must not hold the heartbeat long
 
 StreamHandler = Callable  # hivemind binary stream handler: async (info, reader, writer) -> None
 
@@ -137,7 +139,7 @@ class DHTSupervisor:
         if p2p is None:
             return
         try:
-            peers = self.loop.run(p2p.list_peers(), CALL_TIMEOUT_S)
+            peers = self.loop.run(asyncio.wait_for(p2p.list_peers(), LIST_PEERS_TIMEOUT_S), LIST_PEERS_TIMEOUT_S + 1)
         except Exception as exc:
             self.log.debug("listing connected peers: %s", exc)
             return

@@ -67,6 +67,9 @@ class PeerView:
         self._greeted: set[str] = set()
         self._pushing: set[str] = set()  # loop thread only
         self._unreachable: dict[str, float] = {}  # peer -> monotonic time until which we skip it
+        # peer -> when its pushes began to fail (none got through since); kept while a peer drops out of a
+        # member list and back (a replica's copy may lack it), so only a push that gets through resets it
+        self._failing_since: dict[str, float] = {}
 
     # ---- who is in it ----
 
@@ -104,6 +107,12 @@ class PeerView:
                 del self._peers[pid]
                 self._greeted.discard(pid)
         return gone
+
+    def unreachable_for(self, min_s: float) -> list[str]:
+        """Peers in the view that every push has failed to reach for at least `min_s` seconds."""
+        now = time.monotonic()
+        with self._lock:
+            return [pid for pid, t in self._failing_since.items() if now - t >= min_s and pid in self._peers]
 
     def heard_from(self, peer_id: str, member: MemberRecord) -> bool:
         """A peer pushed to us: it joins (or refreshes) the view while there is room. True if it is new."""
@@ -168,9 +177,15 @@ class PeerView:
             await push(p2p, pid, frame, PUSH_TIMEOUT_S)
             self.counters.add("control_bytes_out", len(frame))
             self.counters.add("announcements_out")
+            with self._lock:
+                self._failing_since.pop(pid, None)
         except Exception as exc:  # dial failures, timeouts (a stopped peer), closed streams
             self.counters.add("push_failed")
             self._unreachable[pid] = time.monotonic() + self.cfg.heartbeat_s
+            with self._lock:
+                self._failing_since.setdefault(pid, time.monotonic())
+                while len(self._failing_since) > 2 * MAX_VIEW:  # bounded: the oldest entries go first
+                    self._failing_since.pop(next(iter(self._failing_since)))
             self.log.debug("pushing an announcement to %s failed: %s", pid, exc)
         finally:
             self._pushing.discard(pid)

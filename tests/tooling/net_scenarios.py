@@ -187,12 +187,21 @@ def nat(work: Path, timeout_s: float = 150.0, seed: int = 1, auto_relay: bool = 
                    "dht_join_s": {n: run.dht_join_s.get(n) for n in names},
                    "groups_from": {n: run.groups_from(n) for n in names},
                    "bootstrap_link_bytes": relay_bytes, "nat_to_nat_payload_bytes": nat_payload,
+                   "told_unreachable": {n: _lines_with(run.peers[n].log_path, "unreachable from here") for n in names},
                    "wall_s": round(time.monotonic() - t0, 1)}
             if not ok:
                 out["logs"] = "\n".join(log_tail(run.peers[n]) for n in names)
             return out
         finally:
             run.stop()
+
+
+def _lines_with(path: Path, text: str) -> int:
+    """How many lines of a peer's log contain `text` (the one-line warnings a user is meant to read)."""
+    try:
+        return sum(text in line for line in path.read_text(errors="replace").splitlines())
+    except OSError:
+        return 0
 
 
 def _payload_between(run: Run, a: str, b: str) -> int:
