@@ -211,7 +211,7 @@ def test_refusals_and_recovery_after_sigkill(pair):
 
 
 def test_a_restarted_child_asks_for_the_ports_the_dead_one_had():
-    from swarm_node.swarm.dht import pin_ports
+    from swarm_node.swarm.addresses import pin_ports
 
     seen = ["/ip4/127.0.0.1/tcp/40531/p2p/QmA", "/ip4/10.0.0.2/tcp/40531/p2p/QmA", "/ip4/127.0.0.1/udp/40999/quic/p2p/QmA"]
     assert pin_ports(["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic"], seen) == [

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from swarm_node.errors import UserFacingError
+from swarm_node.swarm.addresses import components
 
 EXPECTED_PEER = "/ip4/HOST/tcp/PORT/p2p/<peer id> (as printed by `swarm-node bootstrap`)"
 
@@ -70,15 +71,10 @@ def port_free(port: int, host: str, what: str) -> None:
             raise UserFacingError(f"{what}: cannot listen on {host}:{port} ({exc.strerror})") from None
 
 
-def _components(maddr: str) -> dict[str, str]:
-    parts = [p for p in maddr.split("/") if p]
-    return {parts[i]: parts[i + 1] for i in range(0, len(parts) - 1, 2)}
-
-
 def listen_ports_free(maddrs: list[str], what: str) -> None:
     """Every explicit TCP port (not tcp/0) of these listen multiaddrs is free on this machine."""
     for maddr in maddrs:
-        c = _components(maddr)
+        c = components(maddr)
         port = c.get("tcp")
         if not port or not port.isdigit() or int(port) == 0:
             continue
@@ -93,7 +89,7 @@ def peer_addresses(maddrs: list[str], what: str) -> None:
     for maddr in maddrs:
         if not maddr.strip().startswith("/"):
             raise UserFacingError(f"{what} {maddr!r} is not a multiaddr; expected {EXPECTED_PEER}")
-        if "p2p" not in _components(maddr.strip()) and "/p2p/" not in maddr:
+        if "p2p" not in components(maddr.strip()) and "/p2p/" not in maddr:
             raise UserFacingError(f"{what} {maddr!r} has no /p2p/<peer id>; expected {EXPECTED_PEER}")
 
 

@@ -6,6 +6,8 @@ do not fail anything at once, they only leave the node unheard, so they are told
   on, or a private address announced to a public swarm;
 - while running (`unreachable_warning`): peers in the view that every push has failed to reach for a
   while, which is what two peers behind NATs see without a relay between them.
+Also the multiaddr reading these need (`components`), and `pin_ports`, which keeps a restarted DHT child
+on the addresses its peers know.
 """
 
 from __future__ import annotations
@@ -17,14 +19,16 @@ from swarm_node.config import SwarmConfig
 BEHIND_NAT = 'docs/operations.md, "Behind NAT"'
 
 
+def components(maddr: str) -> dict[str, str]:
+    """Protocol -> value of a multiaddr's leading pairs: /ip4/1.2.3.4/tcp/31337 -> {ip4: 1.2.3.4, tcp: 31337}."""
+    parts = [p for p in maddr.split("/") if p]
+    return {parts[i]: parts[i + 1] for i in range(0, len(parts) - 1, 2)}
+
+
 def _parts(maddr: str) -> tuple[str | None, str | None]:
     """(ip, tcp port) of a multiaddr like /ip4/1.2.3.4/tcp/31337[/p2p/...]; None where absent."""
-    p = maddr.split("/")
-    ip = p[p.index("ip4") + 1] if "ip4" in p and p.index("ip4") + 1 < len(p) else None
-    if ip is None and "ip6" in p and p.index("ip6") + 1 < len(p):
-        ip = p[p.index("ip6") + 1]
-    port = p[p.index("tcp") + 1] if "tcp" in p and p.index("tcp") + 1 < len(p) else None
-    return ip, port
+    c = components(maddr)
+    return c.get("ip4") or c.get("ip6"), c.get("tcp")
 
 
 def _is_private(ip: str | None) -> bool:
@@ -33,6 +37,28 @@ def _is_private(ip: str | None) -> bool:
     except ValueError:
         return False
     return addr.is_private or addr.is_loopback or addr.is_link_local or addr in ipaddress.ip_network("100.64.0.0/10")
+
+
+def pin_ports(host_maddrs: list[str], visible_maddrs: list[str]) -> list[str]:
+    """host_maddrs with each port 0 replaced by the port the DHT child was given for that transport.
+
+    A restarted child listens where the dead one did, so the addresses peers hold for us (in their
+    routing tables and p2pd peerstores, or as their initial peers) stay right. A transport seen on
+    several ports (or none) keeps its 0.
+    """
+    seen: dict[str, set[str]] = {}
+    for m in visible_maddrs:
+        for proto, port in components(m).items():
+            if proto in ("tcp", "udp"):
+                seen.setdefault(proto, set()).add(port)
+    out = []
+    for m in host_maddrs:
+        c = components(m)
+        for proto in ("tcp", "udp"):
+            if c.get(proto) == "0" and len(seen.get(proto, ())) == 1:
+                m = m.replace(f"/{proto}/0", f"/{proto}/{next(iter(seen[proto]))}", 1)
+        out.append(m)
+    return out
 
 
 def config_warnings(cfg: SwarmConfig) -> list[str]:

@@ -99,30 +99,6 @@ def start_dht(
     )
 
 
-def pin_ports(host_maddrs: list[str], visible_maddrs: list[str]) -> list[str]:
-    """host_maddrs with each port 0 replaced by the port the DHT child was given for that transport.
-
-    A restarted child listens where the dead one did, so the addresses peers hold for us (in their
-    routing tables and p2pd peerstores, or as their initial peers) stay right. A transport seen on
-    several ports (or none) keeps its 0.
-    """
-    seen: dict[str, set[str]] = {}
-    for m in visible_maddrs:
-        parts = m.split("/")
-        for proto in ("tcp", "udp"):
-            if proto in parts and parts.index(proto) + 1 < len(parts):
-                seen.setdefault(proto, set()).add(parts[parts.index(proto) + 1])
-    out = []
-    for m in host_maddrs:
-        parts = m.split("/")
-        for proto in ("tcp", "udp"):
-            i = parts.index(proto) + 1 if proto in parts else 0
-            if i and i < len(parts) and parts[i] == "0" and len(seen.get(proto, ())) == 1:
-                parts[i] = next(iter(seen[proto]))
-        out.append("/".join(parts))
-    return out
-
-
 def _short(exc: Exception | None) -> str:
     text = " ".join(str(exc).split()) if exc is not None else "unknown"
     return (text[:300] + "...") if len(text) > 300 else text

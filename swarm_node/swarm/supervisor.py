@@ -20,11 +20,11 @@ from hivemind.p2p import P2P
 
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import records
+from swarm_node.swarm.addresses import pin_ports
 from swarm_node.swarm.dht import (
     RefusalTally,
     ensure_identity,
     kill_dht,
-    pin_ports,
     start_dht,
     wait_dht_result,
 )
