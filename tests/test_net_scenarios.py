@@ -27,13 +27,14 @@ def test_peer_behind_nat_joins_receives_and_serves(presets_dir, tmp_path):
 
 def test_peers_behind_two_nats_without_a_relay_are_told_what_to_set(presets_dir, tmp_path):
     """Without use_auto_relay the two NAT'ed peers never reach each other (both still trade with the public
-    peer), and a NAT'ed peer whose pushes to the other keep failing says so in one line naming the setting;
-    the public peer, reached by everyone, does not. (Both printed it in one of three runs, one of them in the
-    other two: a peer whose member reads never listed the other does not push to it.)"""
+    peer), and each NAT'ed peer, its pushes to the other failing, says so in one line naming the setting;
+    the public peer, reached by everyone, does not. (Before the merged member reads, a NAT'ed peer that
+    held a replica of the member key read only its own copy, never listed the other and said nothing:
+    neither did in CI and in 1 of 3 runs beside two busy loops here, 2026-12-02.)"""
     out = net_scenarios.nat(tmp_path, timeout_s=100, auto_relay=False)  # the line comes 30 s after a first failure
     assert not out["groups_from"]["ha"].get("hb") and not out["groups_from"]["hb"].get("ha"), out["groups_from"]
     assert out["groups_from"]["ha"].get("pub") and out["groups_from"]["hb"].get("pub"), out["groups_from"]
-    assert out["told_unreachable"]["ha"] + out["told_unreachable"]["hb"] >= 1, out
+    assert out["told_unreachable"]["ha"] >= 1 and out["told_unreachable"]["hb"] >= 1, out
     assert out["told_unreachable"]["pub"] == 0, out
 
 

@@ -245,6 +245,48 @@ def test_the_first_nodes_restarted_dht_child_finds_the_peers_that_joined_through
     assert a.fetch("params", b.peer_id, 7, deadline_s=10) == b"p" * 1000
 
 
+async def _forget_locally(dht, node, key: str, owner_subkey: bytes) -> int:
+    """In a DHT child: drop one owner's entry from this node's own copy of `key` (storage and cache), as
+    if that owner's stores had never reached it (a peer behind another NAT) -> entries dropped."""
+    key_id, dropped = DHTID.generate(source=key), 0
+    for local in (node.protocol.storage, node.protocol.cache):
+        found = local.get(key_id)
+        if found is not None and hasattr(found.value, "items"):
+            for subkey in [k for k, _ in found.value.items() if owner_subkey in k]:
+                del found.value[subkey]
+                dropped += 1
+    return dropped
+
+
+@pytest.mark.slow
+def test_a_peer_missing_from_a_nodes_own_copy_of_the_member_list_stays_in_its_view(tmp_path):
+    """A node that is a replica of the member key answers its one-copy reads from its own copy, which
+    lacks every peer that cannot reach it. Before the periodic merged read, `a` forgot `b` at its next
+    heartbeat and did not see it again until `b` re-stored (here after 100 s): two peers behind
+    different NATs never listed each other, and the warning that they cannot reach each other never came
+    (the netlab test of that failed in CI, 2026-12-02)."""
+    from functools import partial
+
+    a = SwarmNode(_cfg(record_ttl_s=6.0), INFO, validate=keep_raw).start()  # a merged read every 2 s
+    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs(), record_ttl_s=300.0), INFO, validate=keep_raw).start()
+    try:
+        assert _wait(lambda: b.peer_id in a.view)
+        key = records.members_key(a.cfg.swarm_id)
+        assert a.dht.child.run_coroutine(partial(_forget_locally, key=key, owner_subkey=b.dht.subkey)) >= 1
+        assert b.peer_id not in a.membership.read_members(latest=False)  # a's own copy lacks b now
+        a.view.update({}, set())  # and a's view, as one that never listed b
+        assert _wait(lambda: b.peer_id in a.view, timeout=4.0)  # learnt from the next merged read
+        seen = []
+        for _ in range(12):  # 6 s: six one-copy reads and three merged ones
+            time.sleep(0.5)
+            seen.append(b.peer_id in a.view)
+        assert all(seen), seen
+        assert b.peer_id in a.membership.read_members(latest=True)  # b's record is still in the swarm
+    finally:
+        b.close()
+        a.close()
+
+
 @pytest.mark.slow
 def test_receive_retries_a_dropped_stream(tmp_path):
     """A peer whose stream closes before replying (twice) is tried again within the deadline."""

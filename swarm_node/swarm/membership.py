@@ -6,6 +6,11 @@ record is re-stored only every max(record_ttl_s / 3, heartbeat_s x N/8) seconds 
 such periods), and the member list is read every heartbeat up to VIEW_READ_PEERS peers and
 proportionally less often beyond: the bytes per second of both stay flat as the swarm grows
 (docs/architecture.md, "The exchange"; newcomers are learnt sooner from their pushes anyway).
+
+Most reads take one copy (`latest=False`), and a node that is itself a replica of the key takes its own:
+a copy that lacks every peer which cannot reach this node (two peers behind different NATs) or whose
+store went to other replicas. So once per store period the read merges the copies of the replicas a
+store's lookup finds (`latest=True`, the store's beam), and only such a read forgets peers.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class Membership:
         self._next_member_store = 0.0  # monotonic times the membership / batch DHT records are due
         self._next_batch_store = 0.0
         self._next_read = 0.0
+        self._next_full_read = 0.0
 
     # ---- our records ----
 
@@ -86,8 +92,7 @@ class Membership:
     def store_due(self, now: float, view_size: int, blobs: BlobStore) -> None:
         """Store what is due at monotonic time `now`: the member record and the batch DHT record on their
         schedule, the parameters' announcement every time (DPO neighbours poll it for their round)."""
-        period = max(self.cfg.record_ttl_s / MEMBER_REFRESHES_PER_TTL,
-                     self.cfg.heartbeat_s * max(1.0, view_size / VIEW_READ_PEERS))
+        period = self.refresh_period(view_size)
         ttl = max(self.cfg.record_ttl_s, MEMBER_REFRESHES_PER_TTL * period)
         if now >= self._next_member_store:
             if self._store(members_key(self.cfg.swarm_id), self.record().model_dump(), ttl=ttl):
@@ -100,6 +105,11 @@ class Membership:
             if entries:
                 self.announce("batch", entries, ttl=ttl)
                 self._next_batch_store = now + period - 0.5
+
+    def refresh_period(self, view_size: int) -> float:
+        """Seconds between stores of our member record, and between full member-list reads."""
+        return max(self.cfg.record_ttl_s / MEMBER_REFRESHES_PER_TTL,
+                   self.cfg.heartbeat_s * max(1.0, view_size / VIEW_READ_PEERS))
 
     def store_all_now(self) -> None:
         """Make every record due at once (after the DHT child was restarted)."""
@@ -137,9 +147,15 @@ class Membership:
     def read_due(self, now: float) -> bool:
         return now >= self._next_read
 
-    def read_done(self, now: float, view_size: int) -> None:
+    def full_read_due(self, now: float) -> bool:
+        """Is the read due at `now` one that merges the replicas' copies (once per store period)?"""
+        return now >= self._next_full_read
+
+    def read_done(self, now: float, view_size: int, full: bool = False) -> None:
         """Schedule the next member-list read after one at `now`, by the view's size after it."""
         self._next_read = now + self.cfg.heartbeat_s * max(1.0, view_size / VIEW_READ_PEERS) - 0.5
+        if full:
+            self._next_full_read = now + self.refresh_period(view_size) - 0.5
 
     def live_peers(self) -> list[MemberRecord]:
         """Members with an unexpired heartbeat, self included."""
@@ -148,13 +164,15 @@ class Membership:
             members[self.dht.peer_id] = self.record()
         return sorted(members.values(), key=lambda m: m.peer_id)
 
-    def read_members(self, latest: bool = True) -> dict[str, MemberRecord]:
-        return self._read_signed(members_key(self.cfg.swarm_id), MemberRecord, latest=latest)
+    def read_members(self, latest: bool = True, beam_size: int | None = None) -> dict[str, MemberRecord]:
+        """Everyone's member records: one copy, or (latest) the replicas' copies merged, from a lookup of
+        `beam_size` (hivemind's default, 20, when None)."""
+        return self._read_signed(members_key(self.cfg.swarm_id), MemberRecord, latest=latest, beam_size=beam_size)
 
     def read_announcements(self, kind: str) -> dict[str, Announcement]:
         return self._read_signed(blobs_key(self.cfg.swarm_id, kind), Announcement)
 
-    def _read_signed(self, key: str, model, latest: bool = True) -> dict:
+    def _read_signed(self, key: str, model, latest: bool = True, beam_size: int | None = None) -> dict:
         """Entries under `key` whose record names the peer id of the key that signed it.
 
         latest=True asks every DHT node near the key (each answers with the whole dictionary: cost grows
@@ -162,7 +180,8 @@ class Membership:
         replica's copy (one answer), enough for peer sampling.
         """
         try:
-            found = self.dht.call("get", key, latest=latest)
+            extra = {} if beam_size is None else {"beam_size": beam_size}
+            found = self.dht.call("get", key, latest=latest, **extra)
         except Exception as exc:
             self.log.debug("reading %s failed: %s", key, exc)
             return {}

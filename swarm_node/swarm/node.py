@@ -34,7 +34,7 @@ from swarm_node.swarm.blobs import BlobStore, describe
 from swarm_node.swarm.counters import SwarmCounters
 from swarm_node.swarm.intake import Intake
 from swarm_node.swarm.loop import LoopThread
-from swarm_node.swarm.membership import Membership, PeerInfo
+from swarm_node.swarm.membership import STORE_BEAM, Membership, PeerInfo
 from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.swarm.receiver import BatchReceiver, RoundIntake, Validator
 from swarm_node.swarm.records import KINDS, MAX_ANNOUNCED_ROUNDS, MemberRecord
@@ -253,24 +253,26 @@ class SwarmNode:
         now = time.monotonic()
         self.membership.store_due(now, len(self.view), self.blobs)
         if self.membership.read_due(now):
-            self._refresh_view(latest=False)
-            self.membership.read_done(now, len(self.view))
+            full = self.membership.full_read_due(now)
+            self._refresh_view(latest=full, beam_size=STORE_BEAM if full else None)
+            self.membership.read_done(now, len(self.view), full=full)
         else:
             self.view.repush()
 
-    def _refresh_view(self, latest: bool = True) -> None:
+    def _refresh_view(self, latest: bool = True, beam_size: int | None = None) -> None:
         """Membership read: who we may push to, and what round each peer has signed.
 
         Newcomers get our newest announcement at once; F random neighbours get it again (repairs a push
-        lost to a restart). Peers gone from membership and silent for a TTL are forgotten.
+        lost to a restart). Peers gone from a `latest` read (the replicas' copies merged) and silent for a
+        TTL are forgotten; one copy may lack peers that are still there (membership.py says why).
         """
-        members = self.membership.read_members(latest=latest)
+        members = self.membership.read_members(latest=latest, beam_size=beam_size)
         if not members and self.dht.child is None:
             return
         heard = self.intake.heard_since(time.time() - self.cfg.record_ttl_s)
         if time.monotonic() < self._keep_view_until:
             heard |= {m.peer_id for m in self.view.others()}
-        gone = self.view.update(members, heard)
+        gone = self.view.update(members, heard, forget=latest)
         for pid, m in members.items():
             if pid != self.peer_id:
                 self.intake.note_member(pid, m.round)

@@ -95,14 +95,14 @@ class PeerView:
         """Peers in the view we accept (and that `accept` accepts too)."""
         return sum(1 for m in self.others() if self.accepts(m) and accepts(accept, m))
 
-    def update(self, members: dict[str, MemberRecord], heard: set[str]) -> list[str]:
-        """A member-list read: members join or refresh; peers neither listed nor `heard` (pushed to us
-        within a TTL) are forgotten. Returns the forgotten ids."""
+    def update(self, members: dict[str, MemberRecord], heard: set[str], forget: bool = True) -> list[str]:
+        """A member-list read: members join or refresh; if `forget` (a complete read), peers neither listed
+        nor `heard` (pushed to us within a TTL) are forgotten. Returns the forgotten ids."""
         with self._lock:
             for pid, m in members.items():
                 if pid != self.peer_id:
                     self._peers[pid] = m
-            gone = [pid for pid in self._peers if pid not in members and pid not in heard]
+            gone = [pid for pid in self._peers if pid not in members and pid not in heard] if forget else []
             for pid in gone:
                 del self._peers[pid]
                 self._greeted.discard(pid)
