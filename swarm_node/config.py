@@ -263,6 +263,9 @@ class AdmissionConfig(_Section):
                                        "new swarm)")
     established_after: int = Field(2, ge=0, description="an identity is established once its batches passed every "
                                    "check in this many distinct rounds")
+    volume_power: float = Field(2.0, ge=0.0, le=8.0, description="established peers' batches are drawn in proportion "
+                                "to (the completions their batches carried through every check) ** this, so "
+                                "splitting a compute budget over many identities does not pay (0: a uniform draw)")
     max_groups_per_peer: int | None = Field(None, ge=0, description="groups trained on from one identity a round "
                                             "(default: task.prompts_per_round, so no peer outweighs our own samples)")
     max_tokens_per_peer: int | None = Field(None, ge=0, description="completion tokens trained on from one identity "

@@ -112,6 +112,9 @@ def test_one_call_admits_the_honest_batch_and_counts_every_refusal_by_its_reason
     # only the honest batch passed everything: it is one round closer to being established, the others are not
     assert adm.newcomers._passed.get("honest") == {ROUND}
     assert "liar" not in adm.newcomers._passed and "replayer" not in adm.newcomers._passed
+    # and its verified volume, which weighs its draw for the established slots, is what it carried through
+    assert adm.newcomers.volume("honest") == sum(len(g.completions) for g in out.groups) == 16
+    assert adm.newcomers.volume("liar") == 0.0
 
 
 def test_our_own_samples_sent_back_count_once(tok):
@@ -167,7 +170,7 @@ def test_the_admission_section_sets_the_gate_the_share_and_the_audits(tok):
     cfg = NodeConfig.model_validate({
         "task": {"prompts_per_round": 4}, "swarm": {"swarm_id": SWARM, "max_peers_per_round": 4},
         "admission": {"newcomer_slots": 2, "established_after": 1, "max_groups_per_peer": 2,
-                      "audit_margin": 10.0, "skew_tolerance": 0.5, "skew_window": 5}})
+                      "audit_margin": 10.0, "skew_tolerance": 0.5, "skew_window": 5, "volume_power": 0.5}})
     adm = _admission(tok, task, cfg, liars={"new1": 1.5})
     limits = receive_limits(cfg)
     batches = [_received(f"new{i}", _payload(_rollouts(tok, task, seed=10 + i), tok, task), limits) for i in range(3)]
@@ -178,6 +181,7 @@ def test_the_admission_section_sets_the_gate_the_share_and_the_audits(tok):
     assert "logprob_outlier" not in out.rejected
     assert adm.newcomers.established("new0")  # one passing round is enough here
     assert (adm.skew.tolerance, adm.skew.window, adm.skew.z) == (0.5, 5, 3.0)
+    assert adm.newcomers.volume_power == 0.5 and _admission(tok, task).newcomers.volume_power == 2.0
 
 
 def test_a_batch_the_decode_thread_did_not_check_is_refused(tok):

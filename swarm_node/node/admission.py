@@ -104,7 +104,8 @@ class Admission:
                               min_groups=a.skew_min_groups)
         # Sybils: identities not yet established take at most a quarter of the K slots a round (at least 1)
         slots = max(1, sw.max_peers_per_round // 4) if a.newcomer_slots is None else a.newcomer_slots
-        self.newcomers = NewcomerGate(max_new=slots, established_after=a.established_after)
+        self.newcomers = NewcomerGate(max_new=slots, established_after=a.established_after,
+                                      volume_power=a.volume_power)
         # no identity outweighs our own samples
         self.max_groups_per_peer = cfg.task.prompts_per_round if a.max_groups_per_peer is None else a.max_groups_per_peer
         # nor costs more compute than they do: completion tokens of one identity a round
@@ -183,5 +184,5 @@ class Admission:
             self.peer_log.warning("logprob_skew", "declined batch from %s: positive-advantage log-ratio gap "
                                   "%.3f (lower bound %.3f) > %.2f", rec.peer_id, gap, lower, self.skew.tolerance)
             return None
-        self.newcomers.passed(rec.peer_id, round_)
+        self.newcomers.passed(rec.peer_id, round_, completions=sum(len(g.completions) for g in groups))
         return groups

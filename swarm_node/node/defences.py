@@ -271,15 +271,28 @@ class NewcomerGate:
     cost: a newcomer takes `established_after` rounds before it competes for every slot, one heard behind
     N queued newcomers waits about N * established_after / max_new rounds, and a swarm where everyone is
     new fills at most `max_new` slots a round until peers establish (benchmarks/sybil_newcomers.py).
-    Memory: two integers per identity for at most `max_peers` identities.
+
+    Patient Sybils establish too, one every `established_after` rounds. So the established slots are not
+    drawn uniformly but in proportion to `volume ** volume_power`, an identity's *verified volume*: the
+    completions its batches carried through every check (a running mean, at most the share cap's groups
+    x G). Completions, not tokens, so that long answers buy nothing (the token budget bounds those), and
+    each costs the sender a prompt's prefill and its sampling. With power 2, an attacker who splits a fixed compute over n identities divides its total
+    weight by n, so splitting stops paying (the superlinear reward of grail-v0); one with as much compute
+    as n honest peers still weighs as n honest peers, which no identity rule can tell apart. Power 0 is
+    the uniform draw. The cost: an honest peer that sends half the completions a batch weighs a quarter.
+    Memory: two integers and a float per identity for at most `max_peers` identities.
     """
 
+    VOLUME_EMA = 0.25  # weight of a batch's completions in its sender's running volume
+
     def __init__(self, max_new: int, established_after: int = 2, max_peers: int = 4096,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, volume_power: float = 2.0) -> None:
         self.max_new = max(0, int(max_new))
         self.established_after = max(0, int(established_after))
         self.max_peers = max_peers
+        self.volume_power = max(0.0, float(volume_power))
         self._passed: OrderedDict[str, set[int]] = OrderedDict()  # identity -> rounds it passed (bounded)
+        self._volume: dict[str, float] = {}  # identity -> running mean of its passed batches' completions
         self._first_heard: OrderedDict[str, int] = OrderedDict()  # identity -> order first heard
         self._heard = 0
         self._round = None
@@ -311,9 +324,23 @@ class NewcomerGate:
         new = sorted((i for i, o in enumerate(offers) if not self.established(o.peer_id)),
                      key=lambda i: self.rank(offers[i].peer_id))
         n_new = min(self.max_new, len(new), k)
-        picked = new[:n_new] + self.rng.sample(est, min(k - n_new, len(est)))
+        picked = new[:n_new] + self._draw(est, [offers[i].peer_id for i in est], min(k - n_new, len(est)))
         self.passed_over = len(new) - n_new
         return picked
+
+    def volume(self, peer_id: str) -> float:
+        return self._volume.get(peer_id, 0.0)
+
+    def _draw(self, items: list[int], peers: list[str], n: int) -> list[int]:
+        """n of `items` without replacement, each in proportion to its peer's volume ** power
+        (Efraimidis & Spirakis: the n largest u ** (1 / w))."""
+        if self.volume_power == 0.0 or n >= len(items):
+            return self.rng.sample(items, n)
+        top = max((self.volume(p) for p in peers), default=0.0) or 1.0
+        weights = [max(self.volume(p) / top, 1e-6) ** self.volume_power for p in peers]
+        keys = [self.rng.random() ** (1.0 / max(w, 1e-300)) for w in weights]
+        order = sorted(range(len(items)), key=lambda j: keys[j], reverse=True)
+        return [items[j] for j in order[:n]]
 
     def start_round(self, round_: int) -> None:
         """A newcomer that took a slot last round and did not pass goes to the back of the queue, so
@@ -335,12 +362,15 @@ class NewcomerGate:
         self._pending.add(peer_id)
         return True
 
-    def passed(self, peer_id: str, round_: int) -> None:
-        """A batch of `peer_id` passed every check in round `round_`."""
+    def passed(self, peer_id: str, round_: int, completions: int = 1) -> None:
+        """A batch of `peer_id` passed every check in round `round_`, carrying `completions` completions."""
         self._pending.discard(peer_id)
         rounds = self._passed.pop(peer_id, set())
         if len(rounds) < self.established_after:
             rounds.add(int(round_))
         self._passed[peer_id] = rounds
+        old = self._volume.get(peer_id)
+        self._volume[peer_id] = float(completions) if old is None else old + self.VOLUME_EMA * (completions - old)
         while len(self._passed) > self.max_peers:
-            self._passed.popitem(last=False)
+            gone, _ = self._passed.popitem(last=False)
+            self._volume.pop(gone, None)
