@@ -8,6 +8,10 @@ stayed finite, and the accuracy difference against the same seeded run without t
 the common eval points; over seeds: mean +- SE and a verdict, "cannot tell" with one seed).
 
     python -m benchmarks.attack [--quick] [--seeds N] [--rounds-per-mode R] [--json F]
+    python -m benchmarks.attack --modes long_completions --rounds-per-mode 20 [--honest-set K=V ...]
+
+Per mode it also prints the median round time of both honest nodes over the mode's window, side by side
+(`--honest-set admission.max_tokens_per_peer=0` turns the token budget off, to see what it saves).
 
 The adversary is a test helper (tests/adversary.py), not part of the package: run from the repository root.
 """
@@ -26,6 +30,16 @@ from swarm_node.runs.stats import seeds_se, verdict
 from tests.adversary import MODES, run_side_by_side, summarize
 
 
+def parse_set(kv: str) -> tuple[str, object]:
+    """KEY=VALUE -> (key, the value read as YAML), as `swarm-node run --set` reads it."""
+    import yaml
+
+    key, sep, value = kv.partition("=")
+    if not sep or not key:
+        raise SystemExit(f"--honest-set wants KEY=VALUE, got {kv!r}")
+    return key, yaml.safe_load(value)
+
+
 def presets_root() -> Path:
     """The presets cache ($SWARM_NODE_PRESETS, else the user's cache) with tiny-s built, exported to the nodes."""
     from swarm_node.models.factory import ensure_preset
@@ -42,8 +56,11 @@ def main() -> None:
     add_run_args(ap, seeds=1, first_seed=1, quick="a subset of modes")
     ap.add_argument("--rounds-per-mode", type=int, default=1)
     ap.add_argument("--modes", default="", help="comma-separated (default: all)")
+    ap.add_argument("--honest-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override of both honest nodes (YAML value), e.g. admission.max_tokens_per_peer=0")
     args = ap.parse_args()
     seeds = resolve_seeds(args)
+    overrides = dict(parse_set(kv) for kv in args.honest_set)
     modes = args.modes.split(",") if args.modes else list(MODES)
     if args.quick:
         modes = modes if args.modes else ["false_rewards", "zstd_bomb", "replay_reencoded", "fabricate_positive",
@@ -55,7 +72,7 @@ def main() -> None:
         for seed in seeds:
             t0 = time.monotonic()
             run = run_side_by_side(tmp / f"seed{seed}", presets, modes=modes, rounds_per_mode=args.rounds_per_mode,
-                                   seed=seed, timeout_s=900)
+                                   seed=seed, timeout_s=900, overrides=overrides)
             s = summarize(run)
             s["seed"], s["wall_s"], s["codes"] = seed, round(time.monotonic() - t0, 1), run["codes"]
             s["errors"] = run["report"].get("errors", [])
@@ -75,6 +92,19 @@ def main() -> None:
         want = ", ".join(MODES[m]) or "(nothing required)"
         shown = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())) or "-"
         print(f"{m:<20} {hits:>3}/{len(results):<4}  {shown}   [must: {want}]")
+    print(f"\n{'attack':<20} median round s over the mode's window, baseline / attacked (train s; rounds), per seed")
+    print(f"{'':<20} (a round that took the adversary's batch: trained on its groups, or capped some)")
+    for m in modes:
+        cells = []
+        for s in results:
+            t = s["modes"].get(m, {}).get("timing")
+            if t:
+                b, a = t["baseline"], t["attacked"]
+                cells.append(f"{b['round_s']} / {a['round_s']} (train {b['train_s']} / {a['train_s']}; "
+                             f"{b['rounds']} / {a['rounds']}); the {a['took_rounds']} attacked rounds that took "
+                             f"its batch: {a['took_round_s']} s (train {a['took_train_s']}, exchange "
+                             f"{a['took_exchange_s']})")
+        print(f"{m:<20} " + "; ".join(cells))
     paces = [s["pace_ratio"] for s in results]
     deltas = [s["mean_acc_delta"] for s in results]
     mean_d = sum(deltas) / len(deltas)

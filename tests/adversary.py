@@ -46,6 +46,7 @@ MODES: dict[str, tuple[str, ...]] = {
     "zstd_bomb": ("protocol:decompressed_too_large",),
     "msgpack_bomb": ("protocol:msgpack_limit",),
     "empty_planes": ("protocol:missing_planes",),
+    "long_completions": ("token_capped",),  # maximal-length, mixed right and wrong, honest log-probs
     # when it was made, and by whom
     "stale": ("swarm:stale_age",),
     "future": ("swarm:future_round",),
@@ -61,7 +62,8 @@ MODES: dict[str, tuple[str, ...]] = {
 }
 BATCH_MODES = ("false_rewards", "nan_rewards", "extreme_logprobs", "ids_over_vocab", "length_mismatch",
                "wrong_tokenizer", "wrong_task", "fabricate_positive", "fabricate_all", "zstd_bomb", "msgpack_bomb",
-               "empty_planes", "stale", "future", "replay_verbatim", "replay_reencoded", "wrong_digest")
+               "empty_planes", "stale", "future", "replay_verbatim", "replay_reencoded", "wrong_digest",
+               "long_completions")
 MIN_ROUNDS = {"fabricate_positive": 4, "sybil": 3}  # the skew audit needs a few batches of mixed groups per peer
 FABRICATE_DELTA = 1.0  # nats taken off the claimed log-probs (exp(1) = 2.7x: the F-TIS cap's full 2x)
 
@@ -129,6 +131,41 @@ class Forge:
                             tokenizer_fp=tokenizer_fp or n.loaded.tokenizer_fp, model_name=model_name, round=r,
                             vocab_size=n.loaded.vocab_size, groups=groups)
 
+    def long_batch(self, r: int):
+        """The most compute a batch within the receiver's limits can cost it (node/limits.py ROOM x its own
+        round in each dimension; the receiver is assumed to run tiny-s's settings, as ours): every group G x
+        ROOM completions of max_new_tokens x ROOM tokens, half the right answer and half a wrong one, padded
+        with spaces (which the reward strips), with the model's own log-probs. Every check passes; only the
+        token budget (admission.max_tokens_per_peer) stops it."""
+        from swarm_node.node.limits import ROOM
+        from swarm_node.protocol import Completion, Group, RolloutBatch
+        from swarm_node.training.groups import TrainGroup
+
+        n = self.node
+        length, per_group = ROOM * n.cfg.generation.max_new_tokens, ROOM * n.cfg.generation.num_generations
+        space = n.tok(" ", add_special_tokens=False)["input_ids"][:1]
+
+        def padded(text: str) -> np.ndarray:
+            ids = n.tok(text, add_special_tokens=False)["input_ids"][:length]
+            return np.asarray(ids + space * (length - len(ids)))
+
+        made = []
+        for p, g in self.groups(r):
+            wrong = str(int(p.answer) + 1)
+            comps = [padded(p.answer if i % 2 == 0 else wrong) for i in range(per_group)]
+            made.append((p, TrainGroup(prompt_ids=g.prompt_ids, completions=comps,
+                                       behaviour_logprobs=[np.zeros(length, np.float32)] * per_group,
+                                       rewards=np.zeros(per_group, np.float32), source="adversary")))
+        lps = n.trainer.completion_logprobs([g for _p, g in made])
+        groups = []
+        for (p, g), lp in zip(made, lps, strict=True):
+            comps = [Completion(c, np.minimum(np.asarray(x, np.float64), 0.0),
+                                n.task.reward(p, n.tok.decode(c.tolist(), skip_special_tokens=True)))
+                     for c, x in zip(g.completions, lp, strict=True)]
+            groups.append(Group(prompt_id=p.id, prompt_ids=g.prompt_ids, completions=comps))
+        return RolloutBatch(swarm_id=self.swarm_id, task_id=n.task.task_id, tokenizer_fp=n.loaded.tokenizer_fp,
+                            model_name="adversary", round=r, vocab_size=n.loaded.vocab_size, groups=groups)
+
     def payload(self, mode: str, r: int) -> bytes:
         from swarm_node.protocol import columns as col
         from swarm_node.protocol import encode_batch
@@ -152,6 +189,8 @@ class Forge:
             return encode_batch(self.batch(r, delta=FABRICATE_DELTA))
         if mode == "fabricate_all":
             return encode_batch(self.batch(r, delta=FABRICATE_DELTA, everywhere=True))
+        if mode == "long_completions":
+            return encode_batch(self.long_batch(r))
         body = batch_to_body(self.batch(r))
         if mode == "nan_rewards":  # the reward table's largest entry becomes NaN (its bits stay the largest)
             rv = np.frombuffer(body["rv"], "<f8").copy()
@@ -489,11 +528,11 @@ def params_finite(state_dir: Path) -> bool:
 
 
 def run_side_by_side(tmp: Path, presets: Path, *, modes: list[str], rounds_per_mode: int = 1, seed: int = 1,
-                     timeout_s: float = 600.0, template: Path | None = None) -> dict:
-    """Two swarms at once on 127.0.0.1, each a bootstrap and one honest tiny-s node with the same seed; the
-    second also has the adversary running `modes`. Both nodes are stopped (SIGTERM: checkpoint, exit 0)
-    when the adversary is done. Returns both nodes' metrics rows, exit codes, the adversary's report, and
-    the wall time both ran."""
+                     timeout_s: float = 600.0, template: Path | None = None, overrides: dict | None = None) -> dict:
+    """Two swarms at once on 127.0.0.1, each a bootstrap and one honest tiny-s node with the same seed (and
+    `overrides` on top of honest_overrides); the second also has the adversary running `modes`. Both nodes
+    are stopped (SIGTERM: checkpoint, exit 0) when the adversary is done. Returns both nodes' metrics rows,
+    exit codes, the adversary's report, and the wall time both ran."""
     import subprocess
 
     from swarm_node.node.metrics import read_metrics
@@ -515,7 +554,8 @@ def run_side_by_side(tmp: Path, presets: Path, *, modes: list[str], rounds_per_m
             swarm_id = f"attack-{name}"
             boot = start_bootstrap(tmp / f"boot-{name}", swarm_id)
             boots.append(boot)
-            cfg = write_peer_config(template, tmp / "configs" / f"{name}.yaml", honest_overrides(swarm_id, seed))
+            cfg = write_peer_config(template, tmp / "configs" / f"{name}.yaml",
+                                    honest_overrides(swarm_id, seed) | (overrides or {}))
             peers.append(Peer(name=name, config=cfg, state_dir=tmp / name))
         t0 = time.monotonic()
         for p, b in zip(peers, boots, strict=True):
@@ -558,6 +598,27 @@ def _first_round_s(rows: list[dict]) -> float | None:
     return round(rows[1]["time"] - rows[0]["time"], 2) if len(rows) > 1 else None
 
 
+def round_seconds(rows: list[dict], t0: float, t1: float) -> dict:
+    """Median seconds of the rounds that ended in [t0, t1], and of their training step and exchange."""
+    spans = [(b["time"] - a["time"], b) for a, b in zip(rows, rows[1:], strict=False) if t0 <= b.get("time", 0) <= t1]
+
+    def med(xs):
+        return round(float(np.median(xs)), 4) if xs else None
+
+    def took(b):  # a round that trained on the adversary's groups, or refused some by a cap
+        return any("adversary" in k for k in (b.get("external_groups_by_peer") or {})) or any(
+            (b.get("rejected") or {}).get(k) for k in ("token_capped", "share_capped"))
+
+    hit = [(d, b) for d, b in spans if took(b)]
+    return {"rounds": len(spans), "round_s": med([d for d, _ in spans]),
+            "mean_round_s": round(float(np.mean([d for d, _ in spans])), 4) if spans else None,
+            "train_s": med([b.get("train_s") or 0.0 for _, b in spans]),
+            "exchange_s": med([(b.get("time_split_s") or {}).get("exchange", 0.0) for _, b in spans]),
+            "took_rounds": len(hit), "took_round_s": med([d for d, _ in hit]),
+            "took_train_s": med([b.get("train_s") or 0.0 for _, b in hit]),
+            "took_exchange_s": med([(b.get("time_split_s") or {}).get("exchange", 0.0) for _, b in hit])}
+
+
 def summarize(run: dict) -> dict:
     """Per mode: reasons counted; overall: rounds (attacked / baseline), params finite, accuracy curves."""
     base, att = run["rows"]["baseline"], run["rows"]["attacked"]
@@ -567,7 +628,9 @@ def summarize(run: dict) -> dict:
     common = sorted(set(acc["baseline"]) & set(acc["attacked"]))
     deltas = [acc["attacked"][k] - acc["baseline"][k] for k in common]
     return {
-        "modes": {m: {"reasons": by_mode.get(m, {}), "counted": counted(m, by_mode.get(m, {}))} for m in run["report"].get("modes", {})},
+        "modes": {m: {"reasons": by_mode.get(m, {}), "counted": counted(m, by_mode.get(m, {})),
+                      "timing": {n: round_seconds(run["rows"][n], t0, t1) for n in ("baseline", "attacked")}}
+                  for m, (t0, t1) in run["report"].get("modes", {}).items()},
         "rounds": {"baseline": len(base) - 1, "attacked": len(att) - 1},
         # rounds per second after round 1: the first exchange waits (up to collect_deadline_s) once for the
         # live peers' first batches, and an adversary that is live but has not published costs that wait
