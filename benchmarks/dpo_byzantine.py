@@ -224,7 +224,8 @@ def plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in summary["rows"] if r["attackers"] == 1]
+    fewest = min((r["attackers"] for r in summary["rows"] if r["attackers"] > 0), default=1)
+    rows = [r for r in summary["rows"] if r["attackers"] == fewest]  # a run of --attackers 2 alone plots those
     graphs = sorted({r["graph"] for r in rows})
     fig, axes = plt.subplots(1, len(graphs), figsize=(6 * len(graphs), 4), squeeze=False)
     for ax, graph in zip(axes[0], graphs, strict=True):
