@@ -181,7 +181,12 @@ def test_sigterm_finishes_the_round_and_exits_zero(tmp_path: Path, model_dir: Pa
 def test_a_restarted_ring_node_resumes_and_catches_up_with_its_neighbours(tmp_path: Path, model_dir: Path) -> None:
     """3-node ring; node 2 is stopped mid-run (SIGTERM during a gossip round) and started again with the same
     --state-dir. It resumes from its checkpoint, skips to the round its neighbours are in (rather than asking
-    them for rounds they finished long ago), and averages with them again; every node logs each round once."""
+    them for rounds they finished long ago), and averages with them again; every node logs each round once.
+
+    The neighbours learn of the restarted node from the DHT a few of their (sub-second) rounds after it is
+    back, more on a loaded machine, so the test waits until each of them has averaged with it in 8 rounds
+    (bounded) and judges the rounds from the first one in which it did, instead of a fixed window that a
+    slow membership read on a loaded machine could leave half empty (CI, 2026-12-02: 6 of 10)."""
     victim = 2
     boot, maddr = _bootstrap("dpo-resume", tmp_path)
     procs: list[subprocess.Popen] = []
@@ -208,6 +213,10 @@ def test_a_restarted_ring_node_resumes_and_catches_up_with_its_neighbours(tmp_pa
         procs[victim] = _node(victim, tmp_path, maddr, model_dir, sets(victim))
         wait_for(victim, lambda rows: sum(r["round"] > last_before for r in rows) >= 12, procs[victim],
                  "12 rounds after the restart")
+        victim_id = _rows(tmp_path, victim)[-1]["peer_id"]
+        for i in (0, 1):
+            wait_for(i, lambda rows: sum(victim_id in r["neighbours"] for r in rows[last_before + 1:]) >= 8,
+                     procs[i], "8 rounds averaged with the restarted node")
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for i, p in enumerate(procs):
@@ -228,9 +237,11 @@ def test_a_restarted_ring_node_resumes_and_catches_up_with_its_neighbours(tmp_pa
     for i in (0, 1):
         rows_i = _rows(tmp_path, i)
         assert [r["round"] for r in rows_i] == list(range(len(rows_i))), f"node {i}"
-        back = [r for r in rows_i if resumed_at + 2 < r["round"] <= after[-1]["round"]]
-        assert back and sum(victim_id in r["neighbours"] for r in back for victim_id in [rows[-1]["peer_id"]]) \
-            >= 0.7 * len(back), (i, back)
+        # from the first round after the restart in which node i averaged with the victim again
+        first = next(r["round"] for r in rows_i if r["round"] >= resumed_at and victim_id in r["neighbours"])
+        back = [r for r in rows_i if first <= r["round"] <= rows[-1]["round"]]
+        assert sum(victim_id in r["neighbours"] for r in back) >= 0.7 * len(back), \
+            (i, first, [(r["round"], r["neighbours"], r["missing_neighbours"]) for r in back])
 
 
 def test_honest_ring_nodes_refuse_a_real_hostile_neighbour(tmp_path: Path, model_dir: Path) -> None:
