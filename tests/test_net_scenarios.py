@@ -54,6 +54,7 @@ def test_peer_rejoins_after_its_link_is_cut(presets_dir, tmp_path):
     assert out["exchanging_before_cut"], out
     assert out["rounds_during_cut"] > 5 and out["longest_round_gap_s"] < 10, out
     assert out["exchange_after_restore"], out
+    assert out["rejoined_by_ping"], out  # without it the cut node waited ~30 s for hivemind to find its peers
     assert netlab.our_namespaces(out["lab"]) == []
 
 

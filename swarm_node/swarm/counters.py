@@ -16,7 +16,7 @@ from swarm_node.swarm import reasons
 from swarm_node.swarm.intake import Intake
 from swarm_node.swarm.ratelimit import RateLimitedLog
 
-COUNTS = ("bytes_in", "bytes_out", "received", "served", "declined", "dht_restarts", "control_bytes_in",
+COUNTS = ("bytes_in", "bytes_out", "received", "served", "declined", "dht_restarts", "rejoins", "control_bytes_in",
           "control_bytes_out", "announcements_in", "announcements_out", "push_failed")
 """Byte and message counters (payload bytes in/out, DHT and announcement bytes in/out, pushes...)."""
 ROUND_KEYS = ("bytes_in", "bytes_out", "control_bytes_in", "control_bytes_out", *reasons.EVENTS)

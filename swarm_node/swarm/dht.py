@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import os
 import signal
@@ -211,6 +213,36 @@ async def _read_refusals(_dht, _node) -> dict[str, int]:
     from swarm_node.swarm.records import REFUSALS
 
     return dict(REFUSALS)
+
+
+async def _ping_peers(maddrs: list[str], _dht, node) -> int:
+    """In the DHT child: dial each peer at its addresses and ping it, which puts it back in our routing
+    table (and us in its); then look up our own neighbourhood again. -> how many answered."""
+    from hivemind.p2p import PeerID
+
+    by_peer: dict[PeerID, list[Multiaddr]] = {}
+    for text in maddrs:
+        maddr = Multiaddr(text)
+        pid = maddr["p2p"]
+        by_peer.setdefault(PeerID.from_base58(pid), []).append(maddr.decapsulate(Multiaddr(f"/p2p/{pid}")))
+
+    async def ping(pid: PeerID, addrs: list[Multiaddr]) -> bool:
+        try:  # a fresh dial: libp2p's backoff for this peer after the failed dials of an outage is cleared
+            await node.p2p._client.connect(pid, addrs)
+        except Exception:
+            pass  # a relayed or already-connected peer may still answer the ping
+        return await node.protocol.call_ping(pid) is not None
+
+    answered = sum(r is True for r in await asyncio.gather(*(ping(p, a) for p, a in by_peer.items()),
+                                                            return_exceptions=True))
+    if answered:
+        await node.find_nearest_nodes([node.node_id])
+    return answered
+
+
+def ping_peers(dht_call, maddrs: list[str]) -> int:
+    """Ping these peers from the DHT child (`dht_call`: DHTSupervisor.call) -> how many answered."""
+    return dht_call("run_coroutine", functools.partial(_ping_peers, list(maddrs)))
 
 
 def record_refusals(dht: hivemind.DHT, timeout: float = 5.0) -> dict[str, int]:

@@ -46,6 +46,8 @@ JOIN_POLL_S = 1.0  # membership re-reads while a joining node's first round find
 HEARTBEAT_THREAD = "swarm-node-heartbeat"
 UNREACHABLE_WARN_S = 30.0  # a peer every push failed to reach for this long (or 6 heartbeats) is warned about
 UNREACHABLE_HINT_EVERY_S = 600.0  # at most one such line per 10 minutes
+ALONE_READS = 3  # member reads that list no other peer before we ping the peers we know (`_rejoin_if_alone`)
+REJOIN_EVERY_S = 5.0  # and again this often while they still list no one
 
 
 class SwarmNode:
@@ -87,6 +89,8 @@ class SwarmNode:
         self._started = False
         self._closed = False
         self._keep_view_until = 0.0  # after a DHT restart: member reads may add peers, not forget them
+        self._alone_reads = 0  # consecutive member reads that listed no peer but us
+        self._next_rejoin = 0.0
         self._hints = RateLimitedLog(self.log, burst=1, period_s=UNREACHABLE_HINT_EVERY_S)
 
     @property
@@ -256,8 +260,24 @@ class SwarmNode:
             full = self.membership.full_read_due(now)
             self._refresh_view(latest=full, beam_size=STORE_BEAM if full else None)
             self.membership.read_done(now, len(self.view), full=full)
+            self._rejoin_if_alone(now)
         else:
             self.view.repush()
+
+    def _rejoin_if_alone(self, now: float) -> None:
+        """After ALONE_READS member reads that list no peer but us, ping the peers we know (initial and last
+        connected), then every REJOIN_EVERY_S while alone. A node whose link was down for a minute has
+        dropped every peer from its DHT routing table (their RPCs failed) and its peers have dropped it, and
+        nothing else dials again: such a node took 33-61 s after its link returned to exchange again
+        (benchmarks/network.py link_cut)."""
+        if self._alone_reads < ALONE_READS or now < self._next_rejoin:
+            return
+        self._next_rejoin = now + REJOIN_EVERY_S
+        answered = self.dht.rejoin()
+        if answered:
+            self.counters.add("rejoins")
+            self.log.info("no peer listed in %d member reads: %d known peer(s) answered a ping; rejoining",
+                          self._alone_reads, answered)
 
     def _refresh_view(self, latest: bool = True, beam_size: int | None = None) -> None:
         """Membership read: who we may push to, and what round each peer has signed.
@@ -267,6 +287,7 @@ class SwarmNode:
         TTL are forgotten; one copy may lack peers that are still there (membership.py says why).
         """
         members = self.membership.read_members(latest=latest, beam_size=beam_size)
+        self._alone_reads = 0 if set(members) - {self.peer_id} else self._alone_reads + 1
         if not members and self.dht.child is None:
             return
         heard = self.intake.heard_since(time.time() - self.cfg.record_ttl_s)

@@ -25,6 +25,7 @@ from swarm_node.swarm.dht import (
     RefusalTally,
     ensure_identity,
     kill_dht,
+    ping_peers,
     start_dht,
     wait_dht_result,
 )
@@ -150,6 +151,19 @@ class DHTSupervisor:
                 self._rejoin[pid] = [f"{a}/p2p/{pid}" for a in info.addrs[:2]]
         while len(self._rejoin) > REJOIN_PEERS:
             self._rejoin.pop(next(iter(self._rejoin)))
+
+    def rejoin(self) -> int:
+        """Ping the configured initial peers and the peers we were last connected to, from the live child:
+        after an outage (a link down for a minute) the child's routing table has dropped every peer whose
+        RPCs failed, and nothing in hivemind dials them again. -> how many answered (0: none known/none up)."""
+        maddrs = list(dict.fromkeys([*self.cfg.initial_peers, *(m for ms in self._rejoin.values() for m in ms)]))
+        if not maddrs:
+            return 0
+        try:
+            return ping_peers(self.call, maddrs)
+        except Exception as exc:
+            self.log.debug("pinging %d known peer(s): %s", len(maddrs), exc)
+            return 0
 
     def new_refusals(self) -> dict[str, int]:
         """Records the child refused since the last call, by reason ({} while it is unreachable)."""

@@ -279,26 +279,33 @@ def link_cut(work: Path, down_s: float = 60.0, timeout_s: float = 120.0, seed: i
             run.watch(lambda: False, down_s)  # every node must stay alive through the cut
             lab.link("cut", up=True)
             t_up = time.time()
-            back_at = (run.rows("cut") or [{"round": 0}])[-1]["round"]
-            after = run.watch(lambda: all(run.groups_from(r, back_at).get(s) for r, s in pairs
+            # each node's own round at the link's return (their round counters differ: the cut node ran
+            # hundreds of rounds alone, faster without peers' groups to train on)
+            back_at = {n: (run.rows(n) or [{"round": 0}])[-1]["round"] for n in ("p1", "p2", "cut")}
+            after = run.watch(lambda: all(run.groups_from(r, back_at[r]).get(s) for r, s in pairs
                                           if "cut" in (r, s)), timeout_s)
             rows = run.rows("cut")
             times = [r["time"] for r in rows if "time" in r]
             gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-            during = [r for r in rows if cut_at < r["round"] <= back_at]
+            during = [r for r in rows if cut_at < r["round"] <= back_at["cut"]]
             out = {"lab": lab.tag, "exchanging_before_cut": bool(before), "dht_join_s": dict(run.dht_join_s), "exchange_after_restore": after,
                    "down_s": round(t_up - t_cut, 1),
                    "rejoin_s": round(time.time() - t_up, 1) if after else None,
-                   "rounds_during_cut": back_at - cut_at,
+                   "rounds_during_cut": back_at["cut"] - cut_at,
                    "external_groups_during_cut": sum(r.get("external_groups", 0) for r in during),
                    "longest_round_gap_s": round(max(gaps), 1) if gaps else None,
                    "rejected_during_cut": _sum_dicts(r.get("rejected") or {} for r in during),
-                   "groups_after_restore": {n: run.groups_from(n, back_at) for n in ("p1", "p2", "cut")}}
+                   "groups_after_restore": {n: run.groups_from(n, back_at[n]) for n in ("p1", "p2", "cut")},
+                   # the cut node's own account: alone in its member reads, it pinged the peers it knew
+                   "rejoined_by_ping": REJOIN_LINE in run.peers["cut"].log_path.read_text(errors="replace")}
             if not after:
                 out["logs"] = "\n".join(log_tail(run.peers[n]) for n in ("p1", "p2", "cut"))
             return out
         finally:
             run.stop()
+
+
+REJOIN_LINE = "known peer(s) answered a ping; rejoining"  # swarm/node.py, SwarmNode._rejoin_if_alone
 
 
 def _sum_dicts(dicts) -> dict[str, int]:
