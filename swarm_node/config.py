@@ -226,7 +226,7 @@ class DPOConfig(_Section):
         1, ge=0, description="clipped: the f farthest neighbours are pulled in to the distance of the (f+1)-th; "
         "at least the number of hostile neighbours a node may have (0: refuse outliers, clip nothing)")
     outlier_factor: float = Field(
-        10.0, gt=1.0, description="clipped: refuse a neighbour whose difference from us is over this many times "
+        3.0, gt=1.0, description="clipped: refuse a neighbour whose difference from us is over this many times "
         "the median of our recent accepted (clipped) differences")
     min_peers: int = Field(1, ge=1, description="wait (up to join_wait_s) until this many DPO peers, self included, are live")
     join_wait_s: float = Field(30.0, ge=0.0, description="how long to wait for min_peers at start")

@@ -118,6 +118,35 @@ def test_scaled_parameters_are_refused_once_the_history_is_warm() -> None:
     assert res.present == ["b"] and res.weights.keys() == {"a", "b"}  # re-weighted without it
 
 
+def test_a_sign_flipping_neighbour_is_refused_once_the_swarm_has_learnt_something() -> None:
+    """Two honest ring nodes learn (a common drift plus noise each round) and average; the third sends the
+    sign flip of its honest-looking copy about the shared start, x0 - (x - x0). At first it is near us and
+    only clipped; its distance grows with what the swarm has learnt, and from the default `outlier_factor`
+    (3) typical differences on it is refused every round. With the earlier default of 10 it stayed inside
+    for all 30 rounds (clipped only), pulling every node back towards x0 by its clip radius each round; the
+    honest neighbour is never refused."""
+    ids = ["a", "b", "c"]
+    robust, rejects = R.RobustAverager(), A.RejectCounter()
+    g = torch.Generator().manual_seed(4)
+    x0 = _states(1, spread=0.0)[0]
+    a, b = [t.clone() for t in x0], [t.clone() for t in x0]
+    robust.averaged(a)  # as DPONode does: our first update is measured from the start
+    drift = [0.02 * torch.randn(t.shape, generator=g) for t in x0]
+    outcomes = []
+    for _ in range(30):
+        a, b = ([t + d for t, d in zip(s, drift, strict=True)] for s in _walk([a, b], g))
+        flip = [2 * z - t for z, t in zip(x0, b, strict=True)]
+        res = _step("a", {"a": _enc(a), "b": _enc(b), "c": _enc(flip)}, ids, "ring", robust, rejects)
+        assert "b" in res.present
+        outcomes.append("refused" if "c" in res.missing else "clipped" if "c" in res.clipped else "taken")
+        a = res.params
+        b = [(x + y) / 2 for x, y in zip(a, b, strict=True)]  # b averaged with us too
+    first = outcomes.index("refused") if "refused" in outcomes else len(outcomes)
+    assert first <= 15 and set(outcomes[first:]) == {"refused"}, outcomes
+    assert set(outcomes[:first]) <= {"clipped"}, outcomes
+    assert rejects.counts == {"norm_outlier": 30 - first}
+
+
 def test_replayed_bytes_are_refused() -> None:
     ids = ["a", "b", "c"]
     robust, rejects = R.RobustAverager(), A.RejectCounter()

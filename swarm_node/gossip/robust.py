@@ -111,7 +111,7 @@ def coordinate_median(states: Sequence[Sequence[torch.Tensor]]) -> list[torch.Te
 class RobustAverager:
     """One node's robust-averaging state between rounds: recent accepted differences and payload digests."""
 
-    def __init__(self, clip_farthest: int = 1, outlier_factor: float = 10.0) -> None:
+    def __init__(self, clip_farthest: int = 1, outlier_factor: float = 3.0) -> None:
         self.clip_farthest = clip_farthest
         self.outlier_factor = outlier_factor
         self.history: deque[float] = deque(maxlen=HISTORY)
