@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import logging
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,38 @@ def test_no_swarm_module_names_a_reason_by_a_string_literal() -> None:
                     and not hasattr(reasons, node.attr)):
                 bad.append(f"{path.name}:{node.lineno} reasons.{node.attr}")
     assert bad == []
+
+
+def test_a_node_alone_in_its_member_reads_pings_the_peers_it_knows(monkeypatch) -> None:
+    """After ALONE_READS member reads that list no peer but us (an outage emptied the DHT routing table),
+    the heartbeat pings the known peers, then at most every REJOIN_EVERY_S while still alone; one read that
+    lists a peer stops it. (The real outage: tests/test_net_scenarios.py, the link cut.)"""
+    from swarm_node.swarm import node as swarm_node_module
+
+    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # never started: no network
+    node.dht.peer_id = "me"
+    pings: list[float] = []
+    monkeypatch.setattr(node.dht, "rejoin", lambda: pings.append(0) or 2)
+    listed: dict = {}
+    monkeypatch.setattr(node.membership, "read_members", lambda **kw: dict(listed))
+    monkeypatch.setattr(node.view, "update", lambda *a, **kw: set())
+    monkeypatch.setattr(node.view, "greet", lambda n: None)
+    every = swarm_node_module.REJOIN_EVERY_S
+    t = 1000.0
+    for _ in range(swarm_node_module.ALONE_READS - 1):
+        node._refresh_view()
+        node._rejoin_if_alone(t)
+    assert pings == []  # not yet: a peer may simply not have stored its record
+    node._refresh_view()
+    node._rejoin_if_alone(t)
+    assert len(pings) == 1 and node.counters.stats(node.intake)["rejoins"] == 1
+    node._refresh_view()
+    node._rejoin_if_alone(t + every / 2)
+    assert len(pings) == 1  # rate-limited
+    node._refresh_view()
+    node._rejoin_if_alone(t + every)
+    assert len(pings) == 2
+    listed["peer-a"] = types.SimpleNamespace(round=7)  # a read lists a peer again: back to normal
+    node._refresh_view()
+    node._rejoin_if_alone(t + 10 * every)
+    assert len(pings) == 2 and node._alone_reads == 0
