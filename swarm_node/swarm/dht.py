@@ -227,10 +227,10 @@ async def _ping_peers(maddrs: list[str], _dht, node) -> int:
         by_peer.setdefault(PeerID.from_base58(pid), []).append(maddr.decapsulate(Multiaddr(f"/p2p/{pid}")))
 
     async def ping(pid: PeerID, addrs: list[Multiaddr]) -> bool:
-        try:  # a fresh dial: libp2p's backoff for this peer after the failed dials of an outage is cleared
+        try:  # hand p2pd the addresses again (its address book may have let them expire during an outage)
             await node.p2p._client.connect(pid, addrs)
         except Exception:
-            pass  # a relayed or already-connected peer may still answer the ping
+            pass  # refused, or libp2p's dial backoff after an outage: the ping may still get through
         return await node.protocol.call_ping(pid) is not None
 
     answered = sum(r is True for r in await asyncio.gather(*(ping(p, a) for p, a in by_peer.items()),

@@ -268,8 +268,8 @@ class SwarmNode:
         """After ALONE_READS member reads that list no peer but us, ping the peers we know (initial and last
         connected), then every REJOIN_EVERY_S while alone. A node whose link was down for a minute has
         dropped every peer from its DHT routing table (their RPCs failed) and its peers have dropped it, and
-        nothing else dials again: such a node took 33-61 s after its link returned to exchange again
-        (benchmarks/network.py link_cut)."""
+        nothing else dials again: such a node took 34-37 s after its link returned to exchange again, 6-10 s
+        with this (benchmarks/network.py link_cut, docs/results.md)."""
         if self._alone_reads < ALONE_READS or now < self._next_rejoin:
             return
         self._next_rejoin = now + REJOIN_EVERY_S

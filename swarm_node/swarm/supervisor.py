@@ -152,11 +152,15 @@ class DHTSupervisor:
         while len(self._rejoin) > REJOIN_PEERS:
             self._rejoin.pop(next(iter(self._rejoin)))
 
+    def _known_maddrs(self) -> list[str]:
+        """The configured initial peers, then the peers we were last connected to (`remember_peers`)."""
+        return list(dict.fromkeys([*self.cfg.initial_peers, *(m for ms in self._rejoin.values() for m in ms)]))
+
     def rejoin(self) -> int:
         """Ping the configured initial peers and the peers we were last connected to, from the live child:
         after an outage (a link down for a minute) the child's routing table has dropped every peer whose
         RPCs failed, and nothing in hivemind dials them again. -> how many answered (0: none known/none up)."""
-        maddrs = list(dict.fromkeys([*self.cfg.initial_peers, *(m for ms in self._rejoin.values() for m in ms)]))
+        maddrs = self._known_maddrs()
         if not maddrs:
             return 0
         try:
@@ -199,7 +203,7 @@ class DHTSupervisor:
         self._detach_p2p()
         kill_dht(dead, self._p2p_socket)
         delay = 1.0
-        rejoin = list(dict.fromkeys([*self.cfg.initial_peers, *(m for ms in self._rejoin.values() for m in ms)]))
+        rejoin = self._known_maddrs()
         same_ports = self.cfg.model_copy(update={"host_maddrs": self._listen_maddrs, "bootstrap_retries": 0,
                                                  "initial_peers": rejoin})
         cfg = same_ports
