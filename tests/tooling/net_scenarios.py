@@ -308,6 +308,16 @@ def link_cut(work: Path, down_s: float = 60.0, timeout_s: float = 120.0, seed: i
 REJOIN_LINE = "known peer(s) answered a ping; rejoining"  # swarm/node.py, SwarmNode._rejoin_if_alone
 
 
+def _wait_started(work: Path, hosts: list[Host], procs: list[subprocess.Popen], timeout_s: float) -> float:
+    """Wait until every synthetic peer has written its peer id (its node is up) or exited -> seconds taken."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if all((work / f"{h.name}.json.id").exists() or p.poll() is not None for h, p in zip(hosts, procs)):
+            break
+        time.sleep(0.2)
+    return round(time.monotonic() - t0, 1)
+
+
 def _sum_dicts(dicts) -> dict[str, int]:
     total: dict[str, int] = {}
     for d in dicts:
@@ -344,11 +354,13 @@ node.close()
 
 def thin_uplink(work: Path, peers: int = 8, thin_mbit: float = 1.0, fast_mbit: float = 50.0,
                 batch_bytes: int = 64_000, round_s: float = 1.0, k: int = 4, deadline_s: float = 8.0,
-                warmup_s: float = 20.0, measure_s: float = 40.0) -> dict:
+                warmup_s: float = 20.0, measure_s: float = 40.0, start_timeout_s: float = 120.0) -> dict:
     """`peers` network-only peers (synthetic batches of `batch_bytes`, one round per `round_s`, no model:
     the swarm layer alone), one on a `thin_mbit` uplink and the others on `fast_mbit`.
 
-    Reported over the window after warm-up: each peer's rounds (its pace), batches it took per round and
+    The warm-up counts from the moment every peer has started its node (8 processes importing torch and
+    starting p2pd on 2 cores took 15-20 s, which a fixed warm-up from launch ate into). Reported over the
+    window after warm-up: each peer's rounds (its pace), batches it took per round and
     from the thin peer, and refusals by reason (a download that missed its deadline is `timeout`).
     `thin_mbit=fast_mbit` is the control arm.
     """
@@ -366,6 +378,7 @@ def thin_uplink(work: Path, peers: int = 8, thin_mbit: float = 1.0, fast_mbit: f
                                            str(batch_bytes), str(k), str(deadline_s)],
                                        env=child_env(), stdout=subprocess.DEVNULL, stderr=err))
         try:
+            started_s = _wait_started(work, hosts, procs, start_timeout_s)
             time.sleep(warmup_s + measure_s)
             t_window = time.time() - measure_s
             stop.write_text("")
@@ -379,7 +392,7 @@ def thin_uplink(work: Path, peers: int = 8, thin_mbit: float = 1.0, fast_mbit: f
         ids = {h.name: (work / f"{h.name}.json.id").read_text() for h in hosts if (work / f"{h.name}.json.id").exists()}
         by_id = {v: k_ for k_, v in ids.items()}
         out: dict = {"lab": lab.tag, "thin_mbit": thin_mbit, "fast_mbit": fast_mbit, "batch_bytes": batch_bytes,
-                     "measure_s": measure_s, "peers": {}}
+                     "measure_s": measure_s, "started_s": started_s, "peers": {}}
         for h in hosts:
             path = work / f"{h.name}.json"
             if not path.exists():
