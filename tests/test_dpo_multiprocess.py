@@ -262,7 +262,10 @@ def test_honest_ring_nodes_refuse_a_real_hostile_neighbour(tmp_path: Path, model
     report = tmp_path / "adversary.json"
     try:
         for i in range(honest):
-            procs.append(_node(i, tmp_path, maddr, model_dir, [f"rounds={rounds}", f"seed={i}", f"dpo.user={i}", *common]))
+            # the adversary publishes round r only once it has both neighbours' round r: 10 s, not 4, for it
+            # to come in time on a loaded machine (a late payload is missing, not refused)
+            procs.append(_node(i, tmp_path, maddr, model_dir, [f"rounds={rounds}", f"seed={i}", f"dpo.user={i}", *common,
+                                                               "dpo.gossip_deadline_s=10"]))
         adv_sets = ["swarm.heartbeat_s=1", "swarm.record_ttl_s=6", "dpo.gossip_deadline_s=4", *common]
         adv = subprocess.Popen(
             [sys.executable, str(ROOT / "tests" / "dpo_adversary.py"), "--model-dir", str(model_dir), "--maddr", maddr,

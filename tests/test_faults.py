@@ -285,7 +285,7 @@ def test_sigkill_of_a_peer_mid_transfer_costs_the_downloader_no_round(presets: P
     # batches: when the kill lands in that wait, the dead peer still counts as live until its record
     # expires); an async round after that waits for nothing (collect_s ~0).
     waits = [r["collect_s"] for r in after]
-    assert all(w <= 8.0 + 0.5 for w in waits) and all(w < 1.0 for w in waits[1:]), waits
+    assert all(w <= 8.0 + 2.0 for w in waits) and all(w < 1.0 for w in waits[1:]), waits
     # part of the blob had arrived, none of it was trained on, and the failure was counted by its reason
     assert sum(r["bytes_in"] for r in rows[1:]) > 0
     assert all(not any(k.endswith(":victim") for k in r["external_groups_by_peer"]) for r in rows[1:])

@@ -128,6 +128,6 @@ def test_a_round_row_carries_its_time_split(tmp_path):
     split = row["time_split_s"]
     assert list(split) == list(PHASES)
     assert all(split[p] > 0 for p in ("sample", "score", "train", "eval")), split
-    assert 0 <= split["exchange"] < 0.05, split  # no swarm: nothing to publish or take
+    assert 0 <= split["exchange"] < 0.5, split  # no swarm: nothing to publish or take
     assert sum(split.values()) <= wall + 1e-3, (split, wall)
     assert split["train"] == pytest.approx(row["train_s"], abs=1e-3)

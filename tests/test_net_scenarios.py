@@ -31,7 +31,8 @@ def test_peers_behind_two_nats_without_a_relay_are_told_what_to_set(presets_dir,
     the public peer, reached by everyone, does not. (Before the merged member reads, a NAT'ed peer that
     held a replica of the member key read only its own copy, never listed the other and said nothing:
     neither did in CI and in 1 of 3 runs beside two busy loops here, 2026-12-02.)"""
-    out = net_scenarios.nat(tmp_path, timeout_s=100, auto_relay=False)  # the line comes 30 s after a first failure
+    # the line comes 30 s after a first failure; the run stops once both NAT'ed peers have said it
+    out = net_scenarios.nat(tmp_path, timeout_s=180, auto_relay=False)
     assert not out["groups_from"]["ha"].get("hb") and not out["groups_from"]["hb"].get("ha"), out["groups_from"]
     assert out["groups_from"]["ha"].get("pub") and out["groups_from"]["hb"].get("pub"), out["groups_from"]
     assert out["told_unreachable"]["ha"] >= 1 and out["told_unreachable"]["hb"] >= 1, out
@@ -63,7 +64,8 @@ def test_thin_uplink_slows_only_the_thin_peer(tmp_path):
     download is capped too) but still serves some; the others still fill most of K from the fast peers."""
     out = net_scenarios.thin_uplink(tmp_path, warmup_s=15, measure_s=20)
     peers = out["peers"]
-    assert all(p.get("rounds", 0) >= 18 for p in peers.values()), out  # 1 s rounds over a 20 s window
+    # 1 s rounds over a 20 s window (each sleep overshoots a little: 1.00-1.04 s gaps measured idle)
+    assert all(p.get("rounds", 0) >= 17 for p in peers.values()), out
     others = [p for name, p in peers.items() if name != "thin"]
     assert peers["thin"]["batches_per_round"] < 3.0, out
     assert sum(p["from_thin_per_round"] for p in others) > 0, out

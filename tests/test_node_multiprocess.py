@@ -381,7 +381,10 @@ def test_slow_then_stopped_peer_costs_the_fast_one_nothing(presets, tmp_path):
     boot = start_bootstrap(tmp_path / "bootstrap", swarm_id)
     rounds = 30
     ov = small(swarm_id, rounds, **{"metrics.eval_every": 1000, "swarm.max_peers_per_round": 2})
-    fast = make_peer(tmp_path, "tiny-s", "fast", {**ov, "seed": 31})
+    # fast waits until slow is live before its round 1 (as the killed-peer test's nodes do): tiny-m, started
+    # second, can log its first round after tiny-s's 24th, and then the duty cycle had no rounds to run in
+    fast = make_peer(tmp_path, "tiny-s", "fast", {**ov, "seed": 31, "swarm.wait_for_peers": 1,
+                                                  "swarm.join_wait_s": 180.0})
     slow = make_peer(tmp_path, "tiny-m", "slow", {**ov, "rounds": 1000, "seed": 32})
     stop_cycle = threading.Event()
     cycle = None
@@ -440,7 +443,7 @@ def test_sigterm_in_a_swarm_stops_after_the_round(presets, tmp_path):
             t0 = time.monotonic()
             assert stop_process(p.proc, grace_s=60) == 0, log_tail(p)
             took = time.monotonic() - t0
-            assert took < 10, (p.name, took, log_tail(p))
+            assert took < 20, (p.name, took, log_tail(p))  # well inside the 40 s deadline
             last = read_metrics(p.metrics)[-1]["round"]
             assert latest_checkpoint(p.state_dir).round == last
             assert "did not shut down within the grace period" not in p.log_path.read_text(), log_tail(p)
