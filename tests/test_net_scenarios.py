@@ -49,9 +49,11 @@ def test_new_peer_joins_through_the_surviving_bootstrap(presets_dir, tmp_path):
 
 
 def test_peer_rejoins_after_its_link_is_cut(presets_dir, tmp_path):
-    """A peer's link is down for 20 s (the benchmark's is 60 s): it keeps doing rounds (none stuck), and once
-    the link is back it and the others train on each other's groups again."""
-    out = net_scenarios.link_cut(tmp_path, down_s=20, timeout_s=120)
+    """A peer's link is down for 60 s (as in the benchmark): it keeps doing rounds (none stuck), and once the
+    link is back it pings the peers it knows and it and the others train on each other's groups again.
+    (A 20 s cut does not always empty the routing tables: the exchange came back without the ping in one
+    run of two here, 2026-12-04, so the ping could not be asserted.)"""
+    out = net_scenarios.link_cut(tmp_path, down_s=60, timeout_s=120)
     assert out["exchanging_before_cut"], out
     assert out["rounds_during_cut"] > 5 and out["longest_round_gap_s"] < 10, out
     assert out["exchange_after_restore"], out
