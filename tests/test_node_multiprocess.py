@@ -178,6 +178,19 @@ def _all_shared(peers: list[Peer], rounds: int) -> bool:
     return True
 
 
+def _met_the_adversaries(peers: list[Peer]) -> bool:
+    """Each peer has trained on the liar's groups, refused a stale batch for its age and declined the
+    foreign-universe peer: what the tests below assert, so the fixture does not stop the peers before the
+    three adversaries (separate processes, started with no wait for them) have been seen."""
+    for p in peers:
+        rows = read_metrics(p.metrics) if p.metrics.exists() else []
+        got = {k.split(":", 1)[1] for k, v in _groups_by_peer(rows).items() if v > 0 and ":" in k}
+        if not ("liar" in got and any(r["rejected"].get("swarm:stale_age") for r in rows[1:])
+                and any(r["declined"] for r in rows[1:])):
+            return False
+    return True
+
+
 @pytest.fixture(scope="module")
 def swarm_run(presets, tmp_path_factory):
     """Bootstrap + tiny-s, tiny-m, tiny-s LoRA + a lying, a stale and a foreign-universe peer; what the tests
@@ -186,9 +199,9 @@ def swarm_run(presets, tmp_path_factory):
 
     The exchange is asynchronous: nodes do not wait for each other, and a node that starts early may
     finish many rounds before a late one publishes. So the nodes run until stopped, and the fixture
-    stops them (SIGTERM: finish the round, checkpoint, exit 0) once each has done `rounds` rounds and
-    trained on every other honest node's groups, or after a timeout (the tests then fail on what is
-    missing).
+    stops them (SIGTERM: finish the round, checkpoint, exit 0) once each has done `rounds` rounds,
+    trained on every other honest node's groups and met the three adversaries, or after a timeout (the
+    tests then fail on what is missing).
     """
     tmp = tmp_path_factory.mktemp("grpo-swarm")
     rounds = 8
@@ -208,7 +221,7 @@ def swarm_run(presets, tmp_path_factory):
             p.start(boot.maddrs)
         end = time.monotonic() + 300
         while time.monotonic() < end and all(p.running() for p in peers):
-            if all(p.log_path.exists() for p in peers) and _all_shared(peers, rounds):
+            if all(p.log_path.exists() for p in peers) and _all_shared(peers, rounds) and _met_the_adversaries(peers):
                 break
             time.sleep(1.0)
         codes = dict(zip([p.name for p in peers], stop_processes([p.proc for p in peers], grace_s=60), strict=True))
