@@ -165,27 +165,18 @@ def _groups_by_peer(rows: list[dict]) -> dict[str, int]:
     return seen
 
 
-def _all_shared(peers: list[Peer], rounds: int) -> bool:
-    """Each peer has done `rounds` rounds and trained on every other peer's groups."""
+def _ready(peers: list[Peer], rounds: int) -> bool:
+    """Each peer has done `rounds` rounds, trained on every other peer's groups and on the liar's, refused a
+    stale batch for its age and declined the foreign-universe peer: what the tests below assert, so the
+    fixture does not stop the peers before the three adversaries (separate processes, started with no wait
+    for them) have been seen. One read of each peer's metrics per call."""
     names = {p.name for p in peers}
     for p in peers:
         rows = read_metrics(p.metrics) if p.metrics.exists() else []
         if len(rows) <= rounds:
             return False
         got = {k.split(":", 1)[1] for k, v in _groups_by_peer(rows).items() if v > 0 and ":" in k}
-        if not (names - {p.name}) <= got:
-            return False
-    return True
-
-
-def _met_the_adversaries(peers: list[Peer]) -> bool:
-    """Each peer has trained on the liar's groups, refused a stale batch for its age and declined the
-    foreign-universe peer: what the tests below assert, so the fixture does not stop the peers before the
-    three adversaries (separate processes, started with no wait for them) have been seen."""
-    for p in peers:
-        rows = read_metrics(p.metrics) if p.metrics.exists() else []
-        got = {k.split(":", 1)[1] for k, v in _groups_by_peer(rows).items() if v > 0 and ":" in k}
-        if not ("liar" in got and any(r["rejected"].get("swarm:stale_age") for r in rows[1:])
+        if not ((names - {p.name}) | {"liar"} <= got and any(r["rejected"].get("swarm:stale_age") for r in rows[1:])
                 and any(r["declined"] for r in rows[1:])):
             return False
     return True
@@ -221,7 +212,7 @@ def swarm_run(presets, tmp_path_factory):
             p.start(boot.maddrs)
         end = time.monotonic() + 300
         while time.monotonic() < end and all(p.running() for p in peers):
-            if all(p.log_path.exists() for p in peers) and _all_shared(peers, rounds) and _met_the_adversaries(peers):
+            if all(p.log_path.exists() for p in peers) and _ready(peers, rounds):
                 break
             time.sleep(1.0)
         codes = dict(zip([p.name for p in peers], stop_processes([p.proc for p in peers], grace_s=60), strict=True))

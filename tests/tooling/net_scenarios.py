@@ -315,16 +315,6 @@ REJOIN_LINE = "known peer(s) answered a ping; rejoining"  # swarm/node.py, Swarm
 UNREACHABLE_LINE = "unreachable from here"  # swarm/addresses.py, unreachable_warning
 
 
-def _wait_started(work: Path, hosts: list[Host], procs: list[subprocess.Popen], timeout_s: float) -> float:
-    """Wait until every synthetic peer has written its peer id (its node is up) or exited -> seconds taken."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if all((work / f"{h.name}.json.id").exists() or p.poll() is not None for h, p in zip(hosts, procs, strict=True)):
-            break
-        time.sleep(0.2)
-    return round(time.monotonic() - t0, 1)
-
-
 def _sum_dicts(dicts) -> dict[str, int]:
     total: dict[str, int] = {}
     for d in dicts:
@@ -366,7 +356,7 @@ def thin_uplink(work: Path, peers: int = 8, thin_mbit: float = 1.0, fast_mbit: f
     the swarm layer alone), one on a `thin_mbit` uplink and the others on `fast_mbit`.
 
     The warm-up counts from the moment every peer has started its node (8 processes importing torch and
-    starting p2pd on 2 cores took 15-20 s, which a fixed warm-up from launch ate into). Reported over the
+    starting p2pd on 2 cores took 23 s idle, which a fixed warm-up from launch ate into). Reported over the
     window after warm-up: each peer's rounds (its pace), batches it took per round and
     from the thin peer, and refusals by reason (a download that missed its deadline is `timeout`).
     `thin_mbit=fast_mbit` is the control arm.
@@ -385,7 +375,10 @@ def thin_uplink(work: Path, peers: int = 8, thin_mbit: float = 1.0, fast_mbit: f
                                            str(batch_bytes), str(k), str(deadline_s)],
                                        env=child_env(), stdout=subprocess.DEVNULL, stderr=err))
         try:
-            started_s = _wait_started(work, hosts, procs, start_timeout_s)
+            t_start = time.monotonic()  # every peer has written its id (its node is up), or exited
+            run.watch(lambda: all((work / f"{h.name}.json.id").exists() or p.poll() is not None
+                                  for h, p in zip(hosts, procs, strict=True)), start_timeout_s, poll_s=0.2)
+            started_s = round(time.monotonic() - t_start, 1)
             time.sleep(warmup_s + measure_s)
             t_window = time.time() - measure_s
             stop.write_text("")
