@@ -39,7 +39,9 @@ import torch
 from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from benchmarks.dpo_topology import Swarm, consensus_error
 from swarm_node import gossip as G
+from swarm_node.config import DPOConfig
 from swarm_node.gossip import topology
+from swarm_node.gossip.bypass import Bypass
 from swarm_node.gossip.robust import RobustAverager
 from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
 from tests.dpo_adversary import MODES, HostileNeighbour, Recipient, View  # a test helper, not in the package
@@ -52,6 +54,7 @@ GRAPHS = ("ring", "exponential")
 RULES = ("plain", "robust")
 ATTACKERS = {0: [], 1: [0], 2: [0, 3]}
 COMPRESSION = "float16"
+BYPASS_AFTER = DPOConfig().bypass_after  # the node's default
 
 
 def _pull(xs: list[list[torch.Tensor]], w: np.ndarray, i: int, honest: set[int]) -> list[torch.Tensor]:
@@ -64,30 +67,36 @@ def _pull(xs: list[list[torch.Tensor]], w: np.ndarray, i: int, honest: set[int])
     return out
 
 
-def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, rounds: int, n: int = 8) -> dict:
+def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, rounds: int, n: int = 8,
+        bypass_after: int = BYPASS_AFTER) -> dict:
     """One swarm for `rounds` rounds; the honest nodes' accuracy, hits, consensus error and refusals."""
     sw = Swarm(n, 4, seed, lr=3e-3, pairs=128, heldout=200)
     adj = topology.adjacency(graph, n)
-    w = topology.mixing_matrix_from_adjacency(adj)
     honest = set(range(n)) - set(byz)
     initial = sw.params()[0]
     robust = {i: RobustAverager() for i in honest} if rule == "robust" else {}
+    bypass = {i: Bypass(bypass_after) for i in honest}  # as DPONode does in gossip mode
     for r in robust.values():  # as DPONode does: our own first update is measured from the initial model
         r.averaged(initial)
     rejects = {i: G.RejectCounter() for i in range(n)}
     hostile = {b: HostileNeighbour(mode, 1000 * seed + b) for b in byz} if mode in MODES else {}
-    clipped, consensus = 0, []
+    clipped, consensus, routed = 0, [], 0
     for r in range(rounds):
         for t in sw.trainers:
             t.local_steps(1)
         xs = sw.params()
         blobs = {p: G.encode_params(x, sw.arch, COMPRESSION) for p, x in zip(sw.ids, xs, strict=True)}
+        # each honest node's graph this round: the ring plus its links around neighbours it routes around
+        graphs = {i: bypass[i].adjacency(adj, sw.ids, sw.ids[i]) if i in honest else adj for i in range(n)}
+        routed += sum(len(bypass[i].routed_around()) for i in honest)
         sent: dict[tuple[int, int], bytes] = {}
         for b in byz:
-            nbrs = [int(j) for j in np.flatnonzero(adj[b]) if j in honest]
-            recipients = {sw.ids[i]: Recipient(xs[i], _pull(xs, w, i, honest),
-                                               float(w[i, b]) * sum(1 for k in byz if adj[i, k]))
-                          for i in nbrs} if mode == "dissensus" else {}
+            nbrs = [i for i in sorted(honest) if graphs[i][i, b]]  # everyone who fetches from it
+            recipients = {}
+            for i in nbrs if mode == "dissensus" else []:
+                w = topology.mixing_matrix_from_adjacency(graphs[i])  # the weights node i gives its neighbours
+                recipients[sw.ids[i]] = Recipient(xs[i], _pull(xs, w, i, honest),
+                                                  float(w[i, b]) * sum(1 for k in byz if graphs[i][i, k]))
             view = View(r, xs[b], {sw.ids[j]: xs[j] for j in np.flatnonzero(adj[b])}, initial, recipients)
             for rec, params in (hostile[b].send(view, [sw.ids[i] for i in nbrs]) if b in hostile else {}).items():
                 sent[(b, sw.ids.index(rec))] = G.encode_params(params, sw.arch, COMPRESSION)
@@ -96,8 +105,10 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
             # hostile nodes average honestly with everyone's true parameters (colluders share theirs)
             received = {q: (sent.get((j, i)) if j in byz else blobs[q]) if i in honest else blobs[q]
                         for j, q in enumerate(sw.ids)}
-            res = G.gossip_step(p, blobs[p], received, sw.ids, adj, sw.shapes, sw.arch, COMPRESSION, rejects[i],
-                                robust=robust.get(i))
+            res = G.gossip_step(p, blobs[p], received, sw.ids, graphs[i], sw.shapes, sw.arch, COMPRESSION,
+                                rejects[i], robust=robust.get(i))
+            if i in honest:
+                bypass[i].observe(res.present, res.missing)
             clipped += len(res.clipped)
             new.append(res.params)
         for m, x in zip(sw.models, new, strict=True):
@@ -115,7 +126,8 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
     return {"graph": graph, "rule": rule, "byzantine": byz, "mode": mode or "none", "seed": seed,
             "acc": float(np.mean([v["acc"] for v in per_node.values()])), "nodes": per_node,
             "consensus": consensus, "refused": dict(refused), "refused_per_node_round": sum(refused.values()) / node_rounds,
-            "clipped_per_node_round": clipped / node_rounds}
+            "clipped_per_node_round": clipped / node_rounds, "routed_around_per_node_round": routed / node_rounds,
+            "bypass_after": bypass_after}
 
 
 def contraction(graph: str, rule: str, n: int = 8, steps: int = 12, seed: int = 0) -> float:
@@ -252,6 +264,8 @@ def main() -> None:
     ap.add_argument("--graphs", nargs="+", default=list(GRAPHS), choices=topology.GRAPHS)
     ap.add_argument("--modes", nargs="+", default=[*MODES, ABSENT], choices=[*MODES, ABSENT])
     ap.add_argument("--attackers", nargs="+", type=int, default=[1, 2], choices=[1, 2])
+    ap.add_argument("--bypass-after", type=int, default=BYPASS_AFTER,
+                    help="dpo.bypass_after of every honest node (0: never route around a missing neighbour)")
     ap.add_argument("--png", type=Path, default=None, help="also plot the summary here")
     args = ap.parse_args()
     seeds = resolve_seeds(args)
@@ -265,13 +279,15 @@ def main() -> None:
     results = []
     for graph, rule, byz, mode in plan:
         for seed in seeds:
-            res = run(graph, rule, byz, mode, seed, args.rounds)
+            res = run(graph, rule, byz, mode, seed, args.rounds, bypass_after=args.bypass_after)
             results.append(res)
             print(f"[{time.perf_counter() - t0:6.0f}s] {graph:11s} f={len(byz)} {mode or 'none':10s} {rule:6s} seed {seed}: "
                   f"honest acc {res['acc']:.3f}, consensus {res['consensus'][-1]:.3f}, refused {res['refused']}, "
-                  f"clipped {res['clipped_per_node_round']:.2f}/node/round", flush=True)
+                  f"clipped {res['clipped_per_node_round']:.2f}/node/round, "
+                  f"routed around {res['routed_around_per_node_round']:.2f}/node/round", flush=True)
     rates = {g: {rule: contraction(g, rule) for rule in RULES} for g in args.graphs}
     summary = summarize(results, seeds)
+    print(f"\ndpo.bypass_after {args.bypass_after}")
     print_table(summary, rates, seeds, args.rounds)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
     if args.json:

@@ -228,6 +228,10 @@ class DPOConfig(_Section):
     outlier_factor: float = Field(
         3.0, gt=1.0, description="clipped: refuse a neighbour whose difference from us is over this many times "
         "the median of our recent accepted (clipped) differences")
+    bypass_after: int = Field(
+        3, ge=0, description="gossip: a neighbour missing or refused this many rounds in a row is routed around (we "
+        "also average with its graph neighbours until it is back), so a ring with a silent or refused node closes "
+        "around it instead of becoming a path; 0: never")
     min_peers: int = Field(1, ge=1, description="wait (up to join_wait_s) until this many DPO peers, self included, are live")
     join_wait_s: float = Field(30.0, ge=0.0, description="how long to wait for min_peers at start")
 

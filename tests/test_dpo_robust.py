@@ -20,6 +20,7 @@ from swarm_node.errors import ConfigError
 from swarm_node.gossip import robust as R
 from swarm_node.gossip import topology as T
 from swarm_node.gossip.reasons import PARAM_REASONS
+from tests.tooling.dpo_swarm import FakeDPOSwarm
 
 FP = "r" * 16
 ROOT = Path(__file__).resolve().parents[1]
@@ -323,35 +324,6 @@ def test_a_swarm_learns_beside_a_scaling_neighbour_only_with_robust_averaging(to
     assert refused.get("norm_outlier", 0) == int(adj[0].sum()) * (rounds - 1)  # from round 1 on, by every neighbour
 
 
-class _Swarm:
-    """Just enough of SwarmNode for DPONode's exchange: one honest-looking neighbour whose payload we choose."""
-
-    def __init__(self, arch_fp: str, payloads: dict) -> None:
-        from types import SimpleNamespace
-
-        self.peer_id = "me"
-        self.payloads = payloads  # round -> bytes served by "them"
-        self.members = [SimpleNamespace(peer_id=p, mode="dpo", arch_fp=arch_fp, round=0) for p in ("me", "them")]
-
-    def live_peers(self):
-        return self.members
-
-    def fetch(self, kind, peer, round_, deadline):
-        return self.payloads.get(round_)
-
-    def publish(self, kind, round_, payload):
-        pass
-
-    def set_round(self, round_):
-        pass
-
-    def stats(self):
-        return {"bytes_in": 0, "bytes_out": 0}
-
-    def close(self):
-        pass
-
-
 @pytest.mark.parametrize("aggregation", ["clipped", "mean"])
 def test_the_dpo_node_averages_through_the_robust_rule(tok, tmp_path, aggregation: str) -> None:
     """DPONode.run_round with its one neighbour sending our parameters x 1e3: the default rule refuses it
@@ -369,8 +341,9 @@ def test_the_dpo_node_averages_through_the_robust_rule(tok, tmp_path, aggregatio
     node = DPONode(cfg, tmp_path / "state")
     try:
         bad = [t * 1e3 for t in A.get_params(node.model)]
-        node.exchange = GossipExchange(cfg.dpo, _Swarm(node.arch_fp, {
-            r: A.encode_params([t + 0.01 * r for t in bad], node.arch_fp, "float16") for r in range(2)}), node.arch_fp)
+        payloads = {r: A.encode_params([t + 0.01 * r for t in bad], node.arch_fp, "float16") for r in range(2)}
+        swarm = FakeDPOSwarm(node.arch_fp, ["them"], lambda peer, r: payloads.get(r))
+        node.exchange = GossipExchange(cfg.dpo, swarm, node.arch_fp)
         rows = [node.run_round(evaluate=lambda: False) for _ in range(2)]
     finally:
         node.metrics.close()

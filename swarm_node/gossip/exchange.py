@@ -29,6 +29,11 @@ class RoundPlan:
     to_fetch: list[str]        # peers whose parameters this node averages with
     participants: list[str]    # federated: the round's participants (self included if sampled); else []
 
+    @classmethod
+    def gossip(cls, adjacency: np.ndarray, ids: list[str], me: str) -> RoundPlan:
+        """Fetch from our neighbours in `adjacency` (over the sorted live ids)."""
+        return cls(adjacency, [ids[j] for j in np.flatnonzero(adjacency[ids.index(me)])], [])
+
 
 def plan_round(d: DPOConfig, ids: list[str], me: str, round_: int) -> RoundPlan:
     """The graph and the peers to fetch from, a pure function of the live ids and the round."""
@@ -41,8 +46,7 @@ def plan_round(d: DPOConfig, ids: list[str], me: str, round_: int) -> RoundPlan:
         return RoundPlan(topology.complete(n), [p for p in participants if p != me], participants)
     if d.averaging == "none" or n == 1:
         return RoundPlan(np.zeros((n, n), dtype=bool), [], [])
-    adj = topology.adjacency(d.topology, n, p=d.er_probability, seed=d.graph_seed)
-    return RoundPlan(adj, [ids[j] for j in np.flatnonzero(adj[ids.index(me)])], [])
+    return RoundPlan.gossip(topology.adjacency(d.topology, n, p=d.er_probability, seed=d.graph_seed), ids, me)
 
 
 class GossipExchange:

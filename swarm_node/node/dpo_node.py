@@ -24,7 +24,8 @@ import torch
 from swarm_node.config import NodeConfig
 from swarm_node.gossip import mixing, topology
 from swarm_node.gossip.allreduce import AllReduce
-from swarm_node.gossip.exchange import GossipExchange, plan_round
+from swarm_node.gossip.bypass import Bypass
+from swarm_node.gossip.exchange import GossipExchange, RoundPlan, plan_round
 from swarm_node.gossip.payload import encode_params
 from swarm_node.gossip.robust import RobustAverager
 from swarm_node.gossip.vectors import arch_fingerprint, get_params, params_digest, params_probe, set_params
@@ -82,6 +83,7 @@ class DPONode(RoundNode):
         self.rejects = mixing.RejectCounter()  # running totals; rows carry each round's change
         self._rejects_before: Counter = Counter()
         self.robust = RobustAverager.from_config(d)  # None: plain averaging (dpo.aggregation=mean)
+        self.bypass = Bypass(d.bypass_after)  # gossip: route around neighbours that stay missing or refused
         self.last_stats = {"bytes_in": 0, "bytes_out": 0}
         self._start_rounds()
         self.neighbours: list[str] = []
@@ -163,6 +165,10 @@ class DPONode(RoundNode):
         ids = self.exchange.peers()
         me = self.exchange.self_id
         plan = plan_round(d, ids, me, r)
+        around = sorted(self.bypass.routed_around() & set(ids)) if d.averaging == "gossip" else []
+        if around:
+            plan = RoundPlan.gossip(self.bypass.adjacency(plan.adjacency, ids, me), ids, me)
+            log.debug("round %d: routing around %s", r, around)
         to_fetch = [] if self.allreduce is not None else plan.to_fetch
         if swarm and self.allreduce is None:
             swarm.publish("params", r, payload)
@@ -179,6 +185,7 @@ class DPONode(RoundNode):
         else:
             res = mixing.gossip_step(me, payload, received, ids, plan.adjacency, self.shapes, self.arch_fp,
                                      d.compression, self.rejects, limit, robust=self.robust)
+            self.bypass.observe(res.present, res.missing)
         set_params(self.model, res.params)
         due = evaluate() if evaluate is not None else self.eval_due(r)
         ev = self.heldout.evaluate(self.model, d.beta) if due else {"heldout_pref_acc": None, "heldout_dpo_loss": None}
@@ -208,6 +215,7 @@ class DPONode(RoundNode):
             weights=res.weights,
             clipped=res.clipped,
             clip_radius=res.clip_radius,
+            routed_around=around,
             rejected=dict(rejected),
             checkpoint_failures=self.checkpoint_failures,
             user=self.data.user,

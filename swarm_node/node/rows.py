@@ -166,6 +166,7 @@ class DPORow(RoundRow):
     weights: dict[str, float] = field(default_factory=dict)
     clipped: list[str] = field(default_factory=list)  # neighbours pulled in to the clip radius (robust averaging)
     clip_radius: float | None = None  # None: nothing could be clipped (plain averaging, too few neighbours)
+    routed_around: list[str] = field(default_factory=list)  # neighbours missing dpo.bypass_after rounds (gossip/bypass.py)
     user: int | str | None = None
     peer_id: str = ""
     seconds: float = 0.0

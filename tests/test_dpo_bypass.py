@@ -1,0 +1,145 @@
+"""Routing the gossip graph around a missing or refused neighbour (gossip/bypass.py), and its use by DPONode."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from swarm_node import gossip as A
+from swarm_node.config import DPOConfig, load_config
+from swarm_node.gossip import topology as T
+from swarm_node.gossip.bypass import Bypass
+from swarm_node.gossip.robust import RobustAverager
+from tests.tooling.dpo_swarm import FakeDPOSwarm
+
+IDS = [f"p{i}" for i in range(8)]
+FP = "b" * 16
+SHAPES = [torch.Size([5, 3]), torch.Size([7])]
+
+
+def _links(adj: np.ndarray, me: str) -> set[str]:
+    return {IDS[j] for j in np.flatnonzero(adj[IDS.index(me)])}
+
+
+def test_a_ring_node_links_past_a_neighbour_missing_bypass_after_rounds() -> None:
+    ring = T.ring(8)
+    b = Bypass(after=3)
+    for _ in range(2):
+        b.observe(present=["p2"], missing=["p0"])
+    assert b.adjacency(ring, IDS, "p1") is ring and not b.routed_around()  # two rounds are not enough
+    b.observe(present=["p2"], missing=["p0"])
+    adj = b.adjacency(ring, IDS, "p1")
+    assert b.routed_around() == {"p0"} and _links(adj, "p1") == {"p0", "p2", "p7"}
+    assert adj[IDS.index("p7"), IDS.index("p1")]  # symmetric, so the MH degrees of p7 count it
+    assert not ring[IDS.index("p7"), IDS.index("p1")]  # the graph every node derives is untouched
+    b.observe(present=["p0", "p2"], missing=["p7"])  # p0 back: the link goes, p7 starts its own count
+    assert b.adjacency(ring, IDS, "p1") is ring and b.missing_rounds == {"p7": 1}
+
+
+def test_a_run_of_missing_nodes_is_crossed_one_hop_at_a_time() -> None:
+    ring = T.ring(8)
+    b = Bypass(after=2)
+    for _ in range(2):
+        b.observe(["p2"], ["p0"])
+    assert _links(b.adjacency(ring, IDS, "p1"), "p1") == {"p0", "p2", "p7"}
+    for _ in range(2):
+        b.observe(["p2"], ["p0", "p7"])  # p7, now our neighbour, is missing too
+    assert _links(b.adjacency(ring, IDS, "p1"), "p1") == {"p0", "p2", "p7", "p6"}
+    assert not Bypass(after=0).routed_around()
+    off = Bypass(after=0)
+    for _ in range(5):
+        off.observe([], ["p0"])
+    assert off.adjacency(ring, IDS, "p1") is ring
+    with pytest.raises(ValueError):
+        Bypass(after=-1)
+
+
+def _consensus_beside_a_silent_node(after: int, rounds: int = 40) -> tuple[float, float]:
+    """Pure gossip averaging of random vectors on an 8-node ring whose node 0 sends nothing, through the
+    real codec and gossip_step: the 7 live nodes' consensus error at the end, and how far their mean moved."""
+    g = torch.Generator().manual_seed(0)
+    xs = [[torch.randn(s, generator=g) for s in SHAPES] for _ in IDS]
+    ring = T.ring(8)
+    live = IDS[1:]
+    bypass = {p: Bypass(after) for p in live}
+    mean0 = [torch.stack([xs[IDS.index(p)][k] for p in live]).mean(0) for k in range(len(SHAPES))]
+    for _ in range(rounds):
+        blobs = {p: A.encode_params(x, FP, "none") for p, x in zip(IDS, xs, strict=True)}
+        blobs["p0"] = None
+        new = list(xs)
+        for p in live:
+            res = A.gossip_step(p, blobs[p], blobs, IDS, bypass[p].adjacency(ring, IDS, p), SHAPES, FP, "none")
+            bypass[p].observe(res.present, res.missing)
+            new[IDS.index(p)] = res.params
+        xs = new
+    states = [xs[IDS.index(p)] for p in live]
+    mean = [torch.stack([s[k] for s in states]).mean(0) for k in range(len(SHAPES))]
+    err = float(np.sqrt(np.mean([A.params_sq_distance(s, mean) for s in states])))
+    return err, A.params_sq_distance(mean, mean0) ** 0.5
+
+
+def test_routing_around_a_silent_node_closes_the_ring() -> None:
+    """A ring with a silent node is a path and mixes slowly; routed around, it is a 7-node ring again, and
+    (both sides route around it) the rows stay doubly stochastic, so the live nodes' mean does not move."""
+    path_err, path_drift = _consensus_beside_a_silent_node(after=0)
+    ring_err, ring_drift = _consensus_beside_a_silent_node(after=3)
+    assert ring_err < 0.1 * path_err, (ring_err, path_err)
+    assert ring_drift < 1e-5 and path_drift < 1e-5, (ring_drift, path_drift)
+
+
+def test_a_refused_neighbour_is_routed_around_too() -> None:
+    """The robust rule refusing a neighbour every round counts as missing: its neighbours link past it."""
+    g = torch.Generator().manual_seed(1)
+    xs = [[torch.randn(s, generator=g) * 0.01 for s in SHAPES] for _ in IDS]
+    ring, rob, b = T.ring(8), RobustAverager(), Bypass(3)
+    rob.averaged(xs[1])
+    routed = []
+    for _ in range(6):
+        xs = [[t + 0.01 * torch.randn(t.shape, generator=g) for t in x] for x in xs]
+        blobs = {p: A.encode_params(x, FP, "none") for p, x in zip(IDS, xs, strict=True)}
+        blobs["p0"] = A.encode_params([t * 1e3 for t in xs[0]], FP, "none")  # refused as norm_outlier
+        adj = b.adjacency(ring, IDS, "p1")
+        res = A.gossip_step("p1", blobs["p1"], blobs, IDS, adj, SHAPES, FP, "none", robust=rob)
+        b.observe(res.present, res.missing)
+        routed.append(sorted(res.present))
+        xs[1] = res.params
+    assert routed[:3] == [["p2"]] * 3 and routed[3:] == [["p2", "p7"]] * 3, routed
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from swarm_node.models.factory import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.mark.parametrize("after", [3, 0])
+def test_the_dpo_node_routes_around_a_silent_neighbour(tok, tmp_path, after: int) -> None:
+    from swarm_node.gossip.exchange import GossipExchange
+    from swarm_node.models.factory import Preset, build_model
+    from swarm_node.node.dpo_node import DPONode
+
+    torch.set_num_threads(1)
+    pre = Preset("llama", hidden=32, layers=2, heads=2, kv_heads=2, intermediate=64, lr_full=1e-3, lr_lora=1e-3)
+    build_model(pre, len(tok), tok.pad_token_id, tok.eos_token_id, 0).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    cfg = load_config(None, ["mode=dpo", f"model.path={tmp_path / 'm'}", "dpo.pairs_per_user=16", "dpo.heldout_pairs=16",
+                             f"dpo.bypass_after={after}"])
+    assert DPOConfig().bypass_after == 3  # on by default
+    node = DPONode(cfg, tmp_path / "state")
+    try:
+        payload = A.encode_params(A.get_params(node.model), node.arch_fp, cfg.dpo.compression)
+        # a 4-node ring a-b-c-me (sorted ids) whose node a never answers
+        swarm = FakeDPOSwarm(node.arch_fp, ["a", "b", "c"], lambda peer, r: None if peer == "a" else payload)
+        node.exchange = GossipExchange(cfg.dpo, swarm, node.arch_fp)
+        rows = [node.run_round(evaluate=lambda: False) for _ in range(5)]
+    finally:
+        node.metrics.close()
+    # the ring on sorted ids a-b-c-me: our neighbours are a (silent) and c; a's other neighbour is b
+    assert all(r["missing_neighbours"] == ["a"] for r in rows)
+    if after:
+        assert [r["routed_around"] for r in rows] == [[], [], [], ["a"], ["a"]]
+        assert [r["neighbours"] for r in rows] == [["c"]] * 3 + [["b", "c"]] * 2
+    else:
+        assert all(r["routed_around"] == [] and r["neighbours"] == ["c"] for r in rows)
