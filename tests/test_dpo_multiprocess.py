@@ -247,13 +247,13 @@ def test_a_restarted_ring_node_resumes_and_catches_up_with_its_neighbours(tmp_pa
 def test_honest_ring_nodes_refuse_a_real_hostile_neighbour(tmp_path: Path, model_dir: Path) -> None:
     """4 honest nodes (users 0-3, `dpo.aggregation=clipped`) and tests/dpo_adversary.py on a 5-node ring, as
     real processes: the adversary follows its neighbours' rounds and publishes their parameters x 1e3. Its two
-    ring neighbours refuse it (`norm_outlier`) from round 0 (their first update gives the scale); the honest
-    nodes keep averaging with each other and their parameters stay at their own scale (plain averaging would
-    take a third of the x 1e3 payload every round).
+    ring neighbours refuse it (`norm_outlier`) from round 0 (their first update gives the scale) and, from
+    round 3 (`dpo.bypass_after`), route around it: they average with each other, so the honest nodes form a
+    4-node ring instead of a path. Their parameters stay at their own scale (plain averaging would take a
+    third of the x 1e3 payload every round).
 
-    Not asserted: that they learn. In 20 rounds they did not (held-out preference accuracy gains -0.03..+0.02,
-    2026-12-02), nor did a 4-node ring with no attacker under the clipped rule keep its consensus distance
-    shrinking; that is why plain averaging stays the default (issue 24)."""
+    Not asserted: that they learn (one run, 2026-12-04, with the bypass: held-out preference accuracy
+    0.54-0.57 -> 0.77-0.98 in 20 rounds)."""
     rounds, honest = 20, 4
     boot, maddr = _bootstrap("dpo-byz", tmp_path)
     procs: list[subprocess.Popen] = []
@@ -294,4 +294,10 @@ def test_honest_ring_nodes_refuse_a_real_hostile_neighbour(tmp_path: Path, model
         attacked = [r for r in rows if r["round"] in bad["rounds"]]
         refused = sum(r["rejected"].get("params:norm_outlier", 0) for r in rows)  # rows count each round's
         assert refused >= len(attacked) - 1, [r["rejected"] for r in rows]
-        assert sum(len(r["neighbours"]) == 1 for r in rows) >= 0.8 * rounds  # its honest neighbour, every round
+        # its honest neighbour every round and, once it has been refused dpo.bypass_after (3) rounds in a row,
+        # the adversary's other neighbour too: the ring closes around it (gossip/bypass.py)
+        around = [r for r in rows if r["routed_around"] == [bad["peer_id"]]]
+        assert len(around) >= 0.7 * rounds, [(r["round"], r["routed_around"], r["neighbours"]) for r in rows]
+        assert all(len(r["neighbours"]) == 2 for r in around), [(r["round"], r["neighbours"]) for r in around]
+    two = [rows[0]["peer_id"] for rows in beside]
+    assert all(two[1] in r["neighbours"] for r in beside[0] if r["routed_around"]), two
