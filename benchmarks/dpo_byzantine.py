@@ -54,7 +54,9 @@ GRAPHS = ("ring", "exponential")
 RULES = ("plain", "robust")
 ATTACKERS = {0: [], 1: [0], 2: [0, 3]}
 COMPRESSION = "float16"
-BYPASS_AFTER = DPOConfig().bypass_after  # the node's default
+BYPASS_AFTER = DPOConfig().bypass_after  # the node's defaults
+OUTLIER_FACTOR = DPOConfig().outlier_factor
+CLIP_FARTHEST = DPOConfig().clip_farthest
 
 
 def _pull(xs: list[list[torch.Tensor]], w: np.ndarray, i: int, honest: set[int]) -> list[torch.Tensor]:
@@ -68,13 +70,14 @@ def _pull(xs: list[list[torch.Tensor]], w: np.ndarray, i: int, honest: set[int])
 
 
 def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, rounds: int, n: int = 8,
-        bypass_after: int = BYPASS_AFTER) -> dict:
+        bypass_after: int = BYPASS_AFTER, outlier_factor: float = OUTLIER_FACTOR,
+        clip_farthest: int = CLIP_FARTHEST) -> dict:
     """One swarm for `rounds` rounds; the honest nodes' accuracy, hits, consensus error and refusals."""
     sw = Swarm(n, 4, seed, lr=3e-3, pairs=128, heldout=200)
     adj = topology.adjacency(graph, n)
     honest = set(range(n)) - set(byz)
     initial = sw.params()[0]
-    robust = {i: RobustAverager() for i in honest} if rule == "robust" else {}
+    robust = {i: RobustAverager(clip_farthest, outlier_factor) for i in honest} if rule == "robust" else {}
     bypass = {i: Bypass(bypass_after) for i in honest}  # as DPONode does in gossip mode
     for r in robust.values():  # as DPONode does: our own first update is measured from the initial model
         r.averaged(initial)
@@ -266,6 +269,10 @@ def main() -> None:
     ap.add_argument("--attackers", nargs="+", type=int, default=[1, 2], choices=[1, 2])
     ap.add_argument("--bypass-after", type=int, default=BYPASS_AFTER,
                     help="dpo.bypass_after of every honest node (0: never route around a missing neighbour)")
+    ap.add_argument("--outlier-factor", type=float, default=OUTLIER_FACTOR,
+                    help="dpo.outlier_factor of every honest node under the robust rule")
+    ap.add_argument("--clip-farthest", type=int, default=CLIP_FARTHEST,
+                    help="dpo.clip_farthest of every honest node under the robust rule")
     ap.add_argument("--png", type=Path, default=None, help="also plot the summary here")
     args = ap.parse_args()
     seeds = resolve_seeds(args)
@@ -279,7 +286,8 @@ def main() -> None:
     results = []
     for graph, rule, byz, mode in plan:
         for seed in seeds:
-            res = run(graph, rule, byz, mode, seed, args.rounds, bypass_after=args.bypass_after)
+            res = run(graph, rule, byz, mode, seed, args.rounds, bypass_after=args.bypass_after,
+                      outlier_factor=args.outlier_factor, clip_farthest=args.clip_farthest)
             results.append(res)
             print(f"[{time.perf_counter() - t0:6.0f}s] {graph:11s} f={len(byz)} {mode or 'none':10s} {rule:6s} seed {seed}: "
                   f"honest acc {res['acc']:.3f}, consensus {res['consensus'][-1]:.3f}, refused {res['refused']}, "
@@ -287,7 +295,8 @@ def main() -> None:
                   f"routed around {res['routed_around_per_node_round']:.2f}/node/round", flush=True)
     rates = {g: {rule: contraction(g, rule) for rule in RULES} for g in args.graphs}
     summary = summarize(results, seeds)
-    print(f"\ndpo.bypass_after {args.bypass_after}")
+    print(f"\ndpo.bypass_after {args.bypass_after}, dpo.outlier_factor {args.outlier_factor:g}, "
+          f"dpo.clip_farthest {args.clip_farthest}")
     print_table(summary, rates, seeds, args.rounds)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
     if args.json:
