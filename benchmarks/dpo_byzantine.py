@@ -71,8 +71,9 @@ def _pull(xs: list[list[torch.Tensor]], w: np.ndarray, i: int, honest: set[int])
 
 def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, rounds: int, n: int = 8,
         bypass_after: int = BYPASS_AFTER, outlier_factor: float = OUTLIER_FACTOR,
-        clip_farthest: int = CLIP_FARTHEST) -> dict:
-    """One swarm for `rounds` rounds; the honest nodes' accuracy, hits, consensus error and refusals."""
+        clip_farthest: int = CLIP_FARTHEST, eval_every: int = 0) -> dict:
+    """One swarm for `rounds` rounds; the honest nodes' accuracy, hits, consensus error and refusals.
+    With `eval_every`, the honest nodes are also evaluated every that many rounds (`at`: round -> nodes)."""
     sw = Swarm(n, 4, seed, lr=3e-3, pairs=128, heldout=200)
     adj = topology.adjacency(graph, n)
     honest = set(range(n)) - set(byz)
@@ -84,6 +85,7 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
     rejects = {i: G.RejectCounter() for i in range(n)}
     hostile = {b: HostileNeighbour(mode, 1000 * seed + b) for b in byz} if mode in MODES else {}
     clipped, consensus, routed = 0, [], 0
+    at: dict[int, dict[int, dict]] = {}
     for r in range(rounds):
         for t in sw.trainers:
             t.local_steps(1)
@@ -117,11 +119,9 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
         for m, x in zip(sw.models, new, strict=True):
             G.set_params(m, x)
         consensus.append(consensus_error([new[i] for i in sorted(honest)]))
-    per_node = {}
-    for i in sorted(honest):
-        _loss, margin = sw.held.scores(sw.models[i])
-        hits = (margin > 0).tolist()
-        per_node[i] = {"acc": float(np.mean(hits)), "hits": hits}
+        if eval_every and (r + 1) % eval_every == 0 and r + 1 < rounds:
+            at[r + 1] = _evaluate(sw, honest)
+    per_node = at[rounds] = _evaluate(sw, honest)
     refused = Counter()
     for i in honest:
         refused.update(rejects[i].counts)
@@ -130,7 +130,17 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
             "acc": float(np.mean([v["acc"] for v in per_node.values()])), "nodes": per_node,
             "consensus": consensus, "refused": dict(refused), "refused_per_node_round": sum(refused.values()) / node_rounds,
             "clipped_per_node_round": clipped / node_rounds, "routed_around_per_node_round": routed / node_rounds,
-            "bypass_after": bypass_after}
+            "bypass_after": bypass_after, "at": at}
+
+
+def _evaluate(sw: Swarm, honest: set[int]) -> dict[int, dict]:
+    """Every honest node's held-out preference accuracy and per-pair hits (margin > 0)."""
+    out = {}
+    for i in sorted(honest):
+        _loss, margin = sw.held.scores(sw.models[i])
+        hits = (margin > 0).tolist()
+        out[i] = {"acc": float(np.mean(hits)), "hits": hits}
+    return out
 
 
 def contraction(graph: str, rule: str, n: int = 8, steps: int = 12, seed: int = 0) -> float:
@@ -182,6 +192,7 @@ def summarize(results: list[dict], seeds: list[int]) -> dict:
             d, se, v, node = worst_node(runs, {s: {"nodes": {i: base[s]["nodes"][i] for i in runs[0]["nodes"]}}
                                                for s in base})
             row["worst_node"] = {"node": node, "diff": d, "se": se, "verdict": v}
+            row["worst_node_by_round"] = _worst_by_round(runs, base)
             row["within_2_points"] = d >= -0.02
             absent = {r["seed"]: r for r in groups.get((graph, f, ABSENT, rule), [])}
             if mode != ABSENT and all(r["seed"] in absent for r in runs):
@@ -199,6 +210,18 @@ def summarize(results: list[dict], seeds: list[int]) -> dict:
                            "consensus_ratio": float(np.mean([r["consensus"][-1] for r in robust]) /
                                                     np.mean([plain[r["seed"]]["consensus"][-1] for r in robust]))}
     return {"rows": rows, "no_attack_cost": cost}
+
+
+def _worst_by_round(runs: list[dict], base: dict[int, dict]) -> dict[int, dict]:
+    """The worst honest node against the no-attack run at every round both were evaluated at: whether
+    what an attack costs is lost for good or only delays learning."""
+    common = set.intersection(*(set(r["at"]) for r in runs), *(set(b["at"]) for b in base.values()))
+    out = {}
+    for t in sorted(common):
+        d, se, v, node = worst_node([r | {"nodes": r["at"][t]} for r in runs],
+                                    {s: {"nodes": {i: b["at"][t][i] for i in runs[0]["at"][t]}} for s, b in base.items()})
+        out[t] = {"node": node, "diff": d, "se": se, "verdict": v}
+    return out
 
 
 def _pooled(run: dict) -> dict:
@@ -224,6 +247,15 @@ def print_table(summary: dict, rates: dict, seeds: list[int], rounds: int) -> No
             a = row["vs_absent"]
             print(f"{row['graph']:11s} {row['attackers']:1d} {row['mode']:10s} {row['rule']:6s} "
                   f"{100 * a['diff']:+6.1f} +- {100 * a['se']:.1f} pt ({a['verdict']})")
+    by_round = [r for r in summary["rows"] if len(r.get("worst_node_by_round", {})) > 1]
+    if by_round:
+        ts = sorted(by_round[0]["worst_node_by_round"])
+        print("\nworst honest node vs no attack by round (points, paired, mean over seeds +- SE):")
+        print(f"{'graph':11s} {'f':>1s} {'mode':10s} {'rule':6s} " + " ".join(f"{'round ' + str(t):>15s}" for t in ts))
+        for row in by_round:
+            cells = [row["worst_node_by_round"].get(t) for t in ts]
+            print(f"{row['graph']:11s} {row['attackers']:1d} {row['mode']:10s} {row['rule']:6s} " + " ".join(
+                f"{100 * c['diff']:+7.1f} +- {100 * c['se']:4.1f}" if c else f"{'-':>15s}" for c in cells))
     print("\nno attacker: the cost of the robust rule")
     for graph, c in summary["no_attack_cost"].items():
         print(f"{graph:11s} honest accuracy robust - plain {100 * c['acc_diff']:+.1f} +- {100 * c['se']:.1f} pt "
@@ -273,6 +305,10 @@ def main() -> None:
                     help="dpo.outlier_factor of every honest node under the robust rule")
     ap.add_argument("--clip-farthest", type=int, default=CLIP_FARTHEST,
                     help="dpo.clip_farthest of every honest node under the robust rule")
+    ap.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES,
+                    help="averaging rules to run (the no-attack cost and 'what plain loses' need both)")
+    ap.add_argument("--eval-every", type=int, default=20,
+                    help="also evaluate the honest nodes every this many rounds (the by-round table; 0: only the last)")
     ap.add_argument("--png", type=Path, default=None, help="also plot the summary here")
     args = ap.parse_args()
     seeds = resolve_seeds(args)
@@ -281,26 +317,29 @@ def main() -> None:
     torch.set_num_threads(1)  # tiny models: one thread is faster than two busy ones
     logging.getLogger("swarm_node.gossip.mixing").setLevel(logging.ERROR)  # one refusal line per node and round
     t0 = time.perf_counter()
-    plan = [(g, rule, [], None) for g in args.graphs for rule in RULES]
-    plan += [(g, rule, ATTACKERS[f], m) for g in args.graphs for f in args.attackers for m in args.modes for rule in RULES]
+    plan = [(g, rule, [], None) for g in args.graphs for rule in args.rules]
+    plan += [(g, rule, ATTACKERS[f], m) for g in args.graphs for f in args.attackers for m in args.modes
+             for rule in args.rules]
     results = []
     for graph, rule, byz, mode in plan:
         for seed in seeds:
             res = run(graph, rule, byz, mode, seed, args.rounds, bypass_after=args.bypass_after,
-                      outlier_factor=args.outlier_factor, clip_farthest=args.clip_farthest)
+                      outlier_factor=args.outlier_factor, clip_farthest=args.clip_farthest, eval_every=args.eval_every)
             results.append(res)
             print(f"[{time.perf_counter() - t0:6.0f}s] {graph:11s} f={len(byz)} {mode or 'none':10s} {rule:6s} seed {seed}: "
                   f"honest acc {res['acc']:.3f}, consensus {res['consensus'][-1]:.3f}, refused {res['refused']}, "
                   f"clipped {res['clipped_per_node_round']:.2f}/node/round, "
                   f"routed around {res['routed_around_per_node_round']:.2f}/node/round", flush=True)
-    rates = {g: {rule: contraction(g, rule) for rule in RULES} for g in args.graphs}
+    rates = {g: {rule: contraction(g, rule) for rule in RULES} for g in args.graphs} if set(args.rules) == set(RULES) else {}
     summary = summarize(results, seeds)
     print(f"\ndpo.bypass_after {args.bypass_after}, dpo.outlier_factor {args.outlier_factor:g}, "
           f"dpo.clip_farthest {args.clip_farthest}")
     print_table(summary, rates, seeds, args.rounds)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
     if args.json:
-        slim = [{k: v for k, v in r.items() if k != "nodes"} | {"node_acc": {i: v["acc"] for i, v in r["nodes"].items()}}
+        slim = [{k: v for k, v in r.items() if k not in ("nodes", "at")}
+                | {"node_acc": {i: v["acc"] for i, v in r["nodes"].items()},
+                   "node_acc_by_round": {t: {i: v["acc"] for i, v in nodes.items()} for t, nodes in r["at"].items()}}
                 for r in results]
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
         write_json(args.json, {"args": public_args(args), "commit": commit, "seeds": seeds, "contraction": rates,
