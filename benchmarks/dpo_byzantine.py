@@ -55,6 +55,7 @@ RULES = ("plain", "robust")
 ATTACKERS = {0: [], 1: [0], 2: [0, 3]}
 COMPRESSION = "float16"
 BYPASS_AFTER = DPOConfig().bypass_after  # the node's defaults
+STALL_RATIO = DPOConfig().stall_ratio
 OUTLIER_FACTOR = DPOConfig().outlier_factor
 CLIP_FARTHEST = DPOConfig().clip_farthest
 
@@ -71,7 +72,7 @@ def _pull(xs: list[list[torch.Tensor]], w: np.ndarray, i: int, honest: set[int])
 
 def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, rounds: int, n: int = 8,
         bypass_after: int = BYPASS_AFTER, outlier_factor: float = OUTLIER_FACTOR,
-        clip_farthest: int = CLIP_FARTHEST, eval_every: int = 0) -> dict:
+        clip_farthest: int = CLIP_FARTHEST, eval_every: int = 0, stall_ratio: float = STALL_RATIO) -> dict:
     """One swarm for `rounds` rounds; the honest nodes' accuracy, hits, consensus error and refusals.
     With `eval_every`, the honest nodes are also evaluated every that many rounds (`at`: round -> nodes)."""
     sw = Swarm(n, 4, seed, lr=3e-3, pairs=128, heldout=200)
@@ -79,12 +80,13 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
     honest = set(range(n)) - set(byz)
     initial = sw.params()[0]
     robust = {i: RobustAverager(clip_farthest, outlier_factor) for i in honest} if rule == "robust" else {}
-    bypass = {i: Bypass(bypass_after) for i in honest}  # as DPONode does in gossip mode
+    # as DPONode does in gossip mode (stalls are watched with the robust rule only)
+    bypass = {i: Bypass(bypass_after, stall_ratio if rule == "robust" else 0.0) for i in honest}
     for r in robust.values():  # as DPONode does: our own first update is measured from the initial model
         r.averaged(initial)
     rejects = {i: G.RejectCounter() for i in range(n)}
     hostile = {b: HostileNeighbour(mode, 1000 * seed + b) for b in byz} if mode in MODES else {}
-    clipped, consensus, routed = 0, [], 0
+    clipped, consensus, routed, stalls = 0, [], 0, 0
     at: dict[int, dict[int, dict]] = {}
     for r in range(rounds):
         for t in sw.trainers:
@@ -113,7 +115,7 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
             res = G.gossip_step(p, blobs[p], received, sw.ids, graphs[i], sw.shapes, sw.arch, COMPRESSION,
                                 rejects[i], robust=robust.get(i))
             if i in honest:
-                bypass[i].observe(res.present, res.missing)
+                stalls += bypass[i].observe(res.present, res.missing, res.pull_ratio)
             clipped += len(res.clipped)
             new.append(res.params)
         for m, x in zip(sw.models, new, strict=True):
@@ -130,7 +132,8 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
             "acc": float(np.mean([v["acc"] for v in per_node.values()])), "nodes": per_node,
             "consensus": consensus, "refused": dict(refused), "refused_per_node_round": sum(refused.values()) / node_rounds,
             "clipped_per_node_round": clipped / node_rounds, "routed_around_per_node_round": routed / node_rounds,
-            "bypass_after": bypass_after, "at": at}
+            "stalls_per_node_round": stalls / node_rounds, "bypass_after": bypass_after, "stall_ratio": stall_ratio,
+            "at": at}
 
 
 def _evaluate(sw: Swarm, honest: set[int]) -> dict[int, dict]:
@@ -301,6 +304,8 @@ def main() -> None:
     ap.add_argument("--attackers", nargs="+", type=int, default=[1, 2], choices=[1, 2])
     ap.add_argument("--bypass-after", type=int, default=BYPASS_AFTER,
                     help="dpo.bypass_after of every honest node (0: never route around a missing neighbour)")
+    ap.add_argument("--stall-ratio", type=float, default=STALL_RATIO,
+                    help="dpo.stall_ratio of every honest node under the robust rule (0: never widen a stalled node)")
     ap.add_argument("--outlier-factor", type=float, default=OUTLIER_FACTOR,
                     help="dpo.outlier_factor of every honest node under the robust rule")
     ap.add_argument("--clip-farthest", type=int, default=CLIP_FARTHEST,
@@ -324,16 +329,18 @@ def main() -> None:
     for graph, rule, byz, mode in plan:
         for seed in seeds:
             res = run(graph, rule, byz, mode, seed, args.rounds, bypass_after=args.bypass_after,
-                      outlier_factor=args.outlier_factor, clip_farthest=args.clip_farthest, eval_every=args.eval_every)
+                      outlier_factor=args.outlier_factor, clip_farthest=args.clip_farthest, eval_every=args.eval_every,
+                      stall_ratio=args.stall_ratio)
             results.append(res)
             print(f"[{time.perf_counter() - t0:6.0f}s] {graph:11s} f={len(byz)} {mode or 'none':10s} {rule:6s} seed {seed}: "
                   f"honest acc {res['acc']:.3f}, consensus {res['consensus'][-1]:.3f}, refused {res['refused']}, "
                   f"clipped {res['clipped_per_node_round']:.2f}/node/round, "
-                  f"routed around {res['routed_around_per_node_round']:.2f}/node/round", flush=True)
+                  f"routed around {res['routed_around_per_node_round']:.2f}/node/round, "
+                  f"stalls {res['stalls_per_node_round']:.3f}/node/round", flush=True)
     rates = {g: {rule: contraction(g, rule) for rule in RULES} for g in args.graphs} if set(args.rules) == set(RULES) else {}
     summary = summarize(results, seeds)
     print(f"\ndpo.bypass_after {args.bypass_after}, dpo.outlier_factor {args.outlier_factor:g}, "
-          f"dpo.clip_farthest {args.clip_farthest}")
+          f"dpo.clip_farthest {args.clip_farthest}, dpo.stall_ratio {args.stall_ratio:g}")
     print_table(summary, rates, seeds, args.rounds)
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
     if args.json:

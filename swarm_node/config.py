@@ -232,6 +232,11 @@ class DPOConfig(_Section):
         3, ge=0, description="gossip: a neighbour missing or refused this many rounds in a row is routed around (we "
         "also average with its graph neighbours until it is back), so a ring with a silent or refused node closes "
         "around it instead of becoming a path; 0: never")
+    stall_ratio: float = Field(
+        0.2, ge=0.0, lt=1.0, description="gossip, clipped: a round whose average moved us less than this fraction "
+        "of sum_j W_ij ||x_j - x_i|| (the pull ratio: ~0.7 between honest neighbours, 0 when one neighbour cancels "
+        "the others' pull) is stalled; bypass_after stalled rounds in a row and we also average with our "
+        "neighbours' graph neighbours for 20 rounds; 0: never")
     min_peers: int = Field(1, ge=1, description="wait (up to join_wait_s) until this many DPO peers, self included, are live")
     join_wait_s: float = Field(30.0, ge=0.0, description="how long to wait for min_peers at start")
 

@@ -20,7 +20,7 @@ GRPO_SWARM = {"bytes_per_token", "payload_bytes_out", "control_bytes_in", "contr
               "declined"}
 DPO = {"round", "dpo_loss", "lr", "train_pref_acc", "heldout_pref_acc", "heldout_dpo_loss", "consensus_distance",
        "bytes_sent", "bytes_received", "payload_bytes", "params_digest", "params_probe", "graph", "spectral_gap",
-       "num_peers", "neighbours", "missing_neighbours", "weights", "clipped", "clip_radius", "routed_around", "rejected",
+       "num_peers", "neighbours", "missing_neighbours", "weights", "clipped", "clip_radius", "pull_ratio", "routed_around", "rejected",
        "checkpoint_failures", "user",
        "peer_id", "seconds"}
 

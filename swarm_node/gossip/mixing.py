@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from swarm_node.gossip.payload import PayloadError, decode_params
-from swarm_node.gossip.robust import RobustAverager
+from swarm_node.gossip.robust import RobustAverager, distance
 from swarm_node.gossip.topology import mixing_matrix_from_adjacency
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,20 @@ class GossipResult:
     consensus_distance: float
     clipped: list[str] = field(default_factory=list)  # robust averaging: neighbours pulled in to the radius
     clip_radius: float | None = None  # robust averaging: this round's radius (None: nothing could be clipped)
+    pull_ratio: float | None = None  # robust gossip: how far the average moved us / sum_j W_ij ||x_j - x_i||
+
+
+def pull_ratio(own: Sequence[torch.Tensor], averaged: Sequence[torch.Tensor], weights: dict[str, float],
+               distances: dict[str, float]) -> float | None:
+    """||x_new - x_i|| / sum_j W_ij ||x_j - x_i|| over the neighbours averaged with (after clipping).
+
+    1 when every neighbour pulls the same way (or there is one), about 0.7 between honest neighbours on
+    the 8-node ring and exponential graph of benchmarks/dpo_byzantine.py, and 0 when the pulls cancel:
+    what a dissensus attacker makes of a ring node (it sends the point that cancels the node's pull
+    towards its honest neighbour). None when nothing moved us (no neighbour, or all at distance 0).
+    """
+    total = sum(weights.get(p, 0.0) * d for p, d in distances.items())
+    return distance(averaged, own) / total if total > 0.0 else None
 
 
 def _decode_received(
@@ -149,6 +163,7 @@ def gossip_step(
     res = GossipResult(combine(weights, {self_id: own, **mixed}), weights, present, missing, dist)
     if clip is not None:
         res.clipped, res.clip_radius = clip.clipped, clip.radius
+        res.pull_ratio = pull_ratio(own, res.params, weights, {p: clip.distances[p] for p in present})
         robust.averaged(res.params)
     return res
 

@@ -81,6 +81,7 @@ class Clipped:
     params: dict[str, list[torch.Tensor]]
     clipped: list[str] = field(default_factory=list)
     radius: float | None = None  # None: no finite radius this round (nothing was clipped)
+    distances: dict[str, float] = field(default_factory=dict)  # ||what enters - centre|| per neighbour
 
 
 def distance(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
@@ -205,6 +206,7 @@ class RobustAverager:
                 out.clipped.append(peer)
             else:
                 out.params[peer] = params[peer]
+            out.distances[peer] = min(d, tau)
         self.history.extend(min(d, tau) for d in accepted.values())
         return out
 

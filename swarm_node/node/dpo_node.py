@@ -24,7 +24,7 @@ import torch
 from swarm_node.config import NodeConfig
 from swarm_node.gossip import mixing, topology
 from swarm_node.gossip.allreduce import AllReduce
-from swarm_node.gossip.bypass import Bypass
+from swarm_node.gossip.bypass import STALL_HOLD, Bypass
 from swarm_node.gossip.exchange import GossipExchange, RoundPlan, plan_round
 from swarm_node.gossip.payload import encode_params
 from swarm_node.gossip.robust import RobustAverager
@@ -83,7 +83,8 @@ class DPONode(RoundNode):
         self.rejects = mixing.RejectCounter()  # running totals; rows carry each round's change
         self._rejects_before: Counter = Counter()
         self.robust = RobustAverager.from_config(d)  # None: plain averaging (dpo.aggregation=mean)
-        self.bypass = Bypass(d.bypass_after)  # gossip: route around neighbours that stay missing or refused
+        # gossip: route around neighbours that stay missing or refused, and widen a stalled neighbourhood
+        self.bypass = Bypass(d.bypass_after, d.stall_ratio if d.aggregation == "clipped" else 0.0)
         self.last_stats = {"bytes_in": 0, "bytes_out": 0}
         self._start_rounds()
         self.neighbours: list[str] = []
@@ -185,7 +186,10 @@ class DPONode(RoundNode):
         else:
             res = mixing.gossip_step(me, payload, received, ids, plan.adjacency, self.shapes, self.arch_fp,
                                      d.compression, self.rejects, limit, robust=self.robust)
-            self.bypass.observe(res.present, res.missing)
+            if self.bypass.observe(res.present, res.missing, res.pull_ratio):
+                log.warning("round %d: averaging moved us %.2f of the way its neighbours pull, %d rounds in a row "
+                            "(one may cancel the others: dissensus); also averaging with their graph neighbours "
+                            "for %d rounds", r, res.pull_ratio, d.bypass_after, STALL_HOLD)
         set_params(self.model, res.params)
         due = evaluate() if evaluate is not None else self.eval_due(r)
         ev = self.heldout.evaluate(self.model, d.beta) if due else {"heldout_pref_acc": None, "heldout_dpo_loss": None}
@@ -215,6 +219,7 @@ class DPONode(RoundNode):
             weights=res.weights,
             clipped=res.clipped,
             clip_radius=res.clip_radius,
+            pull_ratio=res.pull_ratio,
             routed_around=around,
             rejected=dict(rejected),
             checkpoint_failures=self.checkpoint_failures,
