@@ -8,9 +8,11 @@ import torch
 
 from swarm_node import gossip as A
 from swarm_node.config import DPOConfig, load_config
+from swarm_node.gossip import bypass
 from swarm_node.gossip import topology as T
 from swarm_node.gossip.bypass import Bypass
 from swarm_node.gossip.robust import RobustAverager
+from tests.dpo_adversary import HostileNeighbour, Recipient, View
 from tests.tooling.dpo_swarm import FakeDPOSwarm
 
 IDS = [f"p{i}" for i in range(8)]
@@ -143,3 +145,88 @@ def test_the_dpo_node_routes_around_a_silent_neighbour(tok, tmp_path, after: int
         assert [r["neighbours"] for r in rows] == [["c"]] * 3 + [["b", "c"]] * 2
     else:
         assert all(r["routed_around"] == [] and r["neighbours"] == ["c"] for r in rows)
+
+
+def test_pull_ratio_is_one_for_pulls_that_agree_and_zero_for_pulls_that_cancel() -> None:
+    own = [torch.zeros(3)]
+    same = A.pull_ratio(own, [torch.tensor([0.5, 0.0, 0.0])], {"a": 0.25, "b": 0.25}, {"a": 1.0, "b": 1.0})
+    cancel = A.pull_ratio(own, [torch.zeros(3)], {"a": 0.25, "b": 0.25}, {"a": 1.0, "b": 1.0})
+    assert abs(same - 1.0) < 1e-9 and cancel == 0.0
+    assert A.pull_ratio(own, own, {"a": 0.5}, {"a": 0.0}) is None  # nothing pulled us
+
+
+def test_a_stalled_node_widens_to_its_neighbours_neighbours_for_a_while() -> None:
+    ring = T.ring(8)
+    b = Bypass(after=3, stall_ratio=0.2)
+    for _ in range(2):
+        assert not b.observe(["p0", "p2"], [], pull_ratio=0.01)
+    b.observe(["p0", "p2"], [], pull_ratio=0.5)  # a round that moved us: the count starts again
+    assert not any(b.observe(["p0", "p2"], [], pull_ratio=0.01) for _ in range(2))
+    assert b.observe(["p0", "p2"], [], pull_ratio=0.01)  # the third stalled round in a row
+    assert b.routed_around() == {"p0", "p2"}
+    assert _links(b.adjacency(ring, IDS, "p1"), "p1") == {"p0", "p2", "p7", "p3"}
+    for _ in range(bypass.STALL_HOLD - 1):
+        b.observe(["p0", "p2", "p3", "p7"], [], pull_ratio=0.7)
+    assert b.routed_around() == {"p0", "p2"}
+    b.observe(["p0", "p2", "p3", "p7"], [], pull_ratio=0.7)
+    assert not b.routed_around() and b.adjacency(ring, IDS, "p1") is ring  # the hold is over
+    off = Bypass(after=3)  # stall_ratio 0 (plain averaging): never
+    assert not any(off.observe(["p0", "p2"], [], pull_ratio=0.0) for _ in range(10))
+    with pytest.raises(ValueError):
+        Bypass(3, stall_ratio=1.0)
+
+
+def _ring_beside_a_dissensus_node(stall_ratio: float, rounds: int = 80) -> tuple[float, float]:
+    """Robust gossip on an 8-node ring whose node 0 sends each neighbour the point that cancels its pull
+    towards its honest neighbour (tests/dpo_adversary.py, mode dissensus, computed on each neighbour's own
+    graph as the benchmark does). Each node starts at the common initial point and takes a local step
+    towards its own target every round (non-IID data in miniature), through the real codec, gossip_step,
+    RobustAverager and Bypass. Returns the honest nodes' consensus error and the largest distance of an
+    honest node from their mean, at the end."""
+    g = torch.Generator().manual_seed(2)
+    targets = [[torch.randn(s, generator=g) for s in SHAPES] for _ in IDS]
+    xs = [[torch.zeros(s) for s in SHAPES] for _ in IDS]
+    ring, honest = T.ring(8), IDS[1:]
+    robust = {p: RobustAverager() for p in honest}
+    bypass = {p: Bypass(3, stall_ratio) for p in honest}
+    for p in honest:
+        robust[p].averaged(xs[IDS.index(p)])
+    attacker = HostileNeighbour("dissensus")
+
+    def error() -> float:
+        states = [xs[IDS.index(p)] for p in honest]
+        mean = [torch.stack([s[k] for s in states]).mean(0) for k in range(len(SHAPES))]
+        return float(np.sqrt(np.mean([A.params_sq_distance(s, mean) for s in states])))
+
+    for r in range(rounds):
+        xs = [[t + 0.05 * (a - t) for t, a in zip(x, tg, strict=True)] for x, tg in zip(xs, targets, strict=True)]
+        graphs = {p: bypass[p].adjacency(ring, IDS, p) for p in honest}
+        blobs = {p: A.encode_params(x, FP, "none") for p, x in zip(IDS, xs, strict=True)}
+        recipients = {}
+        for p in honest:
+            i = IDS.index(p)
+            if graphs[p][i, 0]:
+                w = T.mixing_matrix_from_adjacency(graphs[p])
+                pull = [torch.zeros(s) for s in SHAPES]
+                for j in np.flatnonzero(w[i]):
+                    if j not in (0, i):
+                        for o, a, b in zip(pull, xs[j], xs[i], strict=True):
+                            o.add_(a - b, alpha=float(w[i, j]))
+                recipients[p] = Recipient(xs[i], pull, float(w[i, 0]))
+        sent = attacker.send(View(r, xs[0], {}, xs[0], recipients), sorted(recipients))
+        new = list(xs)
+        for p in honest:
+            received = {**blobs, "p0": A.encode_params(sent[p], FP, "none") if p in sent else None}
+            res = A.gossip_step(p, blobs[p], received, IDS, graphs[p], SHAPES, FP, "none", robust=robust[p])
+            bypass[p].observe(res.present, res.missing, res.pull_ratio)
+            new[IDS.index(p)] = res.params
+        xs = new
+    return error()
+
+
+def test_a_ring_node_held_still_by_a_dissensus_neighbour_widens_and_reaches_consensus() -> None:
+    """Without the stall rule the attacker's two neighbours never move (their pulls cancel), so the
+    honest ring stays spread between them; with it they link to two more honest nodes and it closes."""
+    held = _ring_beside_a_dissensus_node(stall_ratio=0.0)
+    widened = _ring_beside_a_dissensus_node(stall_ratio=0.2)
+    assert widened < 0.5 * held, (held, widened)

@@ -12,6 +12,7 @@ from swarm_node.gossip.mixing import (
     federated_step,
     gossip_step,
     live_mixing_row,
+    pull_ratio,
 )
 from swarm_node.gossip.payload import COMPRESSIONS, PayloadError, decode_params, encode_params
 from swarm_node.gossip.vectors import (
@@ -26,5 +27,5 @@ from swarm_node.gossip.vectors import (
 __all__ = [
     "COMPRESSIONS", "GossipResult", "PayloadError", "RejectCounter", "arch_fingerprint", "combine",
     "consensus_distance", "decode_params", "encode_params", "federated_step", "get_params", "gossip_step",
-    "live_mixing_row", "params_digest", "params_probe", "params_sq_distance", "set_params",
+    "live_mixing_row", "params_digest", "params_probe", "params_sq_distance", "pull_ratio", "set_params",
 ]
