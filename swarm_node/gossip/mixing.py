@@ -163,7 +163,7 @@ def gossip_step(
     res = GossipResult(combine(weights, {self_id: own, **mixed}), weights, present, missing, dist)
     if clip is not None:
         res.clipped, res.clip_radius = clip.clipped, clip.radius
-        res.pull_ratio = pull_ratio(own, res.params, weights, {p: clip.distances[p] for p in present})
+        res.pull_ratio = pull_ratio(own, res.params, weights, clip.distances)
         robust.averaged(res.params)
     return res
 

@@ -207,7 +207,7 @@ class RobustAverager:
             else:
                 out.params[peer] = params[peer]
             out.distances[peer] = min(d, tau)
-        self.history.extend(min(d, tau) for d in accepted.values())
+        self.history.extend(out.distances.values())
         return out
 
     def gossip(self, own: Sequence[torch.Tensor], neighbours: Mapping[str, list[torch.Tensor]],
