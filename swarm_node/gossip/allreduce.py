@@ -3,6 +3,10 @@
 It runs on a DHT of its own (joined through the same bootstrap peers): the averager's matchmaking keys
 are plain hivemind records, and the swarm layer's DHT is private to it. The group size is the number of
 live participants; the averager is rebuilt when that number changes.
+
+A step is not retried: a retry would join the group of the next round. A step whose average came back
+incomplete fails (checked_averager.py), and the node keeps its own parameters for that round. Each member
+sends its swarm peer id with the step, so a row lists the peers it really averaged with.
 """
 
 from __future__ import annotations
@@ -39,21 +43,23 @@ class AllReduce:
         self.group_size = 0
 
     def _ensure(self, n: int) -> Any:
-        import hivemind
+        from swarm_node.gossip.checked_averager import CheckedAverager
 
-        if self.averager is None or n != self.group_size:
+        if self.averager is None or n != self.group_size or not self.averager.is_alive():
             if self.averager is not None:
                 self.averager.shutdown()
-            self.averager = hivemind.averaging.DecentralizedAverager(
+            self.averager = CheckedAverager(
                 [t.clone() for t in self.template], self.dht, start=True, prefix=self.prefix,
                 target_group_size=n, min_group_size=n, min_matchmaking_time=2.0, request_timeout=1.0,
+                allreduce_timeout=self.d.gossip_deadline_s,
                 compression=COMPRESSIONS[self.d.compression], client_mode=self.client_mode,
             )
             self.group_size = n
         return self.averager
 
     def average(self, own: list[torch.Tensor], participants: list[str], me: str) -> GossipResult:
-        """The group mean (up to compression error), or our own params if no full group formed in time."""
+        """The group mean (up to compression error), or our own params if no group formed in time or its
+        average came back incomplete."""
         others = [p for p in participants if p != me]
         n = len(participants)
         if n < 2:
@@ -62,10 +68,13 @@ class AllReduce:
         with av.get_tensors() as ts:
             for t, x in zip(ts, own, strict=True):
                 t.copy_(x)
-        try:
-            group = av.step(timeout=self.d.gossip_deadline_s, allow_retries=True)
-        except Exception as exc:  # hivemind raises AllreduceException when no group formed
-            log.warning("all-reduce failed: %s", exc)
+        deadline = self.d.gossip_deadline_s
+        control = av.step(gather=me, timeout=deadline, allow_retries=False, wait=False)
+        try:  # matchmaking is bounded by the deadline and the all-reduce by allreduce_timeout; this bounds the rest
+            group = control.result(timeout=2 * deadline + 5)
+        except Exception as exc:  # AllreduceException (no group, incomplete), TimeoutError (stalled all-reduce)
+            control.cancel()
+            log.warning("all-reduce failed: %s", repr(exc) if isinstance(exc, TimeoutError) else exc)
             group = None
         if group is None:
             return GossipResult(own, {me: 1.0}, [], others, 0.0)
@@ -77,9 +86,17 @@ class AllReduce:
         k = len(group)  # others' mean = (k * mean - own) / (k - 1)
         others_mean = [(k * m - x) / max(k - 1, 1) for m, x in zip(mean, own, strict=True)]
         dist = params_sq_distance(own, others_mean) ** 0.5
-        return GossipResult(mean, {p: 1.0 / k for p in participants}, others, [], dist)
+        present = group_members(group.values(), me)
+        return GossipResult(mean, {p: 1.0 / k for p in [me, *present]}, present,
+                            [p for p in others if p not in present], dist)
 
     def close(self) -> None:
         if self.averager is not None:
             self.averager.shutdown()
         self.dht.shutdown()
+
+
+def group_members(gathered: Any, me: str) -> list[str]:
+    """The swarm peer ids the groupmates sent with the step, other than ours (anything else: "unknown")."""
+    ids = {g if isinstance(g, str) and 0 < len(g) <= 128 else "unknown" for g in gathered}
+    return sorted(ids - {me})
