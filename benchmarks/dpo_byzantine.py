@@ -79,9 +79,11 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
     adj = topology.adjacency(graph, n)
     honest = set(range(n)) - set(byz)
     initial = sw.params()[0]
-    robust = {i: RobustAverager(clip_farthest, outlier_factor) for i in honest} if rule == "robust" else {}
-    # as DPONode does in gossip mode (stalls are watched with the robust rule only)
-    bypass = {i: Bypass(bypass_after, stall_ratio if rule == "robust" else 0.0) for i in honest}
+    # every honest node is built as DPONode builds it in gossip mode, from the same config
+    d = DPOConfig(aggregation="clipped" if rule == "robust" else "mean", bypass_after=bypass_after,
+                  stall_ratio=stall_ratio, clip_farthest=clip_farthest, outlier_factor=outlier_factor)
+    robust = {i: RobustAverager.from_config(d) for i in honest} if rule == "robust" else {}
+    bypass = {i: Bypass.from_config(d) for i in honest}
     for r in robust.values():  # as DPONode does: our own first update is measured from the initial model
         r.averaged(initial)
     rejects = {i: G.RejectCounter() for i in range(n)}

@@ -177,6 +177,16 @@ def test_a_stalled_node_widens_to_its_neighbours_neighbours_for_a_while() -> Non
         Bypass(3, stall_ratio=1.0)
 
 
+def test_stalls_are_watched_under_the_clipped_rule_only() -> None:
+    """The pull ratio is measured on clipped distances: plain averaging routes around, never widens."""
+    clipped = Bypass.from_config(DPOConfig(aggregation="clipped", bypass_after=2, stall_ratio=0.3))
+    assert (clipped.after, clipped.stall_ratio) == (2, 0.3)
+    assert not clipped.observe(["p0", "p2"], [], pull_ratio=0.1) and clipped.observe(["p0", "p2"], [], pull_ratio=0.1)
+    plain = Bypass.from_config(DPOConfig(aggregation="mean", bypass_after=2, stall_ratio=0.3))
+    assert (plain.after, plain.stall_ratio) == (2, 0.0)
+    assert not any(plain.observe(["p0", "p2"], [], pull_ratio=0.0) for _ in range(5))
+
+
 def _ring_beside_a_dissensus_node(stall_ratio: float, rounds: int = 80) -> float:
     """Robust gossip on an 8-node ring whose node 0 sends each neighbour the point that cancels its pull
     towards its honest neighbour (tests/dpo_adversary.py, mode dissensus, computed on each neighbour's own

@@ -31,10 +31,15 @@ links; a false alarm costs the bytes of a few more fetches for STALL_HOLD rounds
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from swarm_node.config import DPOConfig
+
 STALL_HOLD = 20  # rounds the extra links of a stalled node stay after its last stalled run
+
 
 class Bypass:
     """One gossip node's record of which neighbours it has been routing around (`after` = 0: never)."""
@@ -50,6 +55,12 @@ class Bypass:
         self.stalled_rounds = 0  # rounds in a row whose pull ratio was under stall_ratio
         self.widened: set[str] = set()  # neighbours we also route around because averaging stalled
         self.widened_left = 0  # rounds until those extra links go
+
+    @classmethod
+    def from_config(cls, d: DPOConfig) -> Bypass:
+        """A gossip node's bypass: stalls are watched under the clipped rule only, because the pull ratio
+        that detects them is measured on the clipped distances (plain averaging has no such measurement)."""
+        return cls(d.bypass_after, d.stall_ratio if d.aggregation == "clipped" else 0.0)
 
     def routed_around(self) -> set[str]:
         """The neighbours missing for at least `after` rounds in a row, and those of a stall (for its hold)."""

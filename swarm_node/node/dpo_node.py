@@ -84,7 +84,7 @@ class DPONode(RoundNode):
         self._rejects_before: Counter = Counter()
         self.robust = RobustAverager.from_config(d)  # None: plain averaging (dpo.aggregation=mean)
         # gossip: route around neighbours that stay missing or refused, and widen a stalled neighbourhood
-        self.bypass = Bypass(d.bypass_after, d.stall_ratio if d.aggregation == "clipped" else 0.0)
+        self.bypass = Bypass.from_config(d)
         self.last_stats = {"bytes_in": 0, "bytes_out": 0}
         self._start_rounds()
         self.neighbours: list[str] = []
