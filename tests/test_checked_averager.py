@@ -4,7 +4,8 @@ and one whose groupmate stalls instead of waiting for it forever.
 Two real hivemind averagers on a local DHT; one is a faulty groupmate that answers every part it should
 average with INTERNAL_ERROR. hivemind's own averager then fills that part with our values and reports a
 successful step (what the CI failure of 2026-12-05 showed); CheckedAverager raises. Another groupmate
-takes its part and never answers (a second CI failure of that day: one node hung until it was killed).
+freezes once the group has formed (a second CI failure of that day: one node hung until it was killed);
+the node's backend gives up on it after its deadline and keeps its own parameters.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.proto import averaging_pb2
 
 from swarm_node.config import DPOConfig, SwarmConfig
-from swarm_node.gossip.allreduce import AllReduce, group_members
+from swarm_node.gossip.allreduce import AllReduce, group_members, group_settings
 from swarm_node.gossip.checked_averager import CheckedAverager
 
 SIZE = 1000
@@ -130,8 +131,7 @@ def test_a_frozen_groupmate_costs_the_node_one_round_not_its_run() -> None:
     swarm = SwarmConfig(swarm_id="stall", host_maddrs=["/ip4/127.0.0.1/tcp/0"], client_mode=True,
                         initial_peers=[str(m) for m in frozen_dht.get_visible_maddrs()])
     node = AllReduce(DPOConfig(gossip_deadline_s=5.0, aggregation="mean"), swarm, own, "fp")
-    frozen = FrozenGroupmate([torch.zeros(SIZE)], frozen_dht, start=True, prefix="stall_dpo_fp",
-                             target_group_size=2, min_group_size=2, min_matchmaking_time=2.0, request_timeout=1.0)
+    frozen = FrozenGroupmate([torch.zeros(SIZE)], frozen_dht, start=True, prefix=node.prefix, **group_settings(2))
     node._ensure(2)  # hivemind starts its process from the main thread only
     out: list[Any] = []
     frozen_step = frozen.step(gather="peer1", timeout=20, allow_retries=False, wait=False)

@@ -25,6 +25,12 @@ from swarm_node.gossip.vectors import params_sq_distance
 log = logging.getLogger("swarm_node.dpo")
 
 
+def group_settings(n: int) -> dict[str, Any]:
+    """Matchmaking settings of an averager whose group is all `n` live participants (tests build a
+    groupmate with the same ones, or it never joins the node's group)."""
+    return {"target_group_size": n, "min_group_size": n, "min_matchmaking_time": 2.0, "request_timeout": 1.0}
+
+
 class AllReduce:
     def __init__(self, d: DPOConfig, swarm: SwarmConfig, params: list[torch.Tensor], arch_fp: str) -> None:
         import hivemind
@@ -49,8 +55,7 @@ class AllReduce:
             if self.averager is not None:
                 self.averager.shutdown()
             self.averager = CheckedAverager(
-                [t.clone() for t in self.template], self.dht, start=True, prefix=self.prefix,
-                target_group_size=n, min_group_size=n, min_matchmaking_time=2.0, request_timeout=1.0,
+                [t.clone() for t in self.template], self.dht, start=True, prefix=self.prefix, **group_settings(n),
                 allreduce_timeout=self.d.gossip_deadline_s,
                 compression=COMPRESSIONS[self.d.compression], client_mode=self.client_mode,
             )
