@@ -42,9 +42,10 @@ from swarm_node import gossip as G
 from swarm_node.config import DPOConfig
 from swarm_node.gossip import topology
 from swarm_node.gossip.bypass import Bypass
+from swarm_node.gossip.exchange import gossip_graph
 from swarm_node.gossip.robust import RobustAverager
 from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
-from tests.dpo_adversary import MODES, HostileNeighbour, Recipient, View  # a test helper, not in the package
+from tests.dpo_adversary import MODES, OMNISCIENT, HostileNeighbour, View, recipient  # a test helper
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,30 +59,23 @@ BYPASS_AFTER = DPOConfig().bypass_after  # the node's defaults
 STALL_RATIO = DPOConfig().stall_ratio
 OUTLIER_FACTOR = DPOConfig().outlier_factor
 CLIP_FARTHEST = DPOConfig().clip_farthest
-
-
-def _pull(xs: list[list[torch.Tensor]], w: np.ndarray, i: int, honest: set[int]) -> list[torch.Tensor]:
-    """sum_{j honest} W_ij (x_j - x_i): how far node i's average moves it towards its honest neighbours."""
-    out = [torch.zeros_like(t) for t in xs[i]]
-    for j in np.flatnonzero(w[i]):
-        if j != i and j in honest:
-            for o, a, b in zip(out, xs[j], xs[i], strict=True):
-                o.add_(a - b, alpha=float(w[i, j]))
-    return out
+MIN_NEIGHBOURS = DPOConfig().min_neighbours
 
 
 def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, rounds: int, n: int = 8,
         bypass_after: int = BYPASS_AFTER, outlier_factor: float = OUTLIER_FACTOR,
-        clip_farthest: int = CLIP_FARTHEST, eval_every: int = 0, stall_ratio: float = STALL_RATIO) -> dict:
+        clip_farthest: int = CLIP_FARTHEST, eval_every: int = 0, stall_ratio: float = STALL_RATIO,
+        min_neighbours: int = MIN_NEIGHBOURS) -> dict:
     """One swarm for `rounds` rounds; the honest nodes' accuracy, hits, consensus error and refusals.
     With `eval_every`, the honest nodes are also evaluated every that many rounds (`at`: round -> nodes)."""
     sw = Swarm(n, 4, seed, lr=3e-3, pairs=128, heldout=200)
-    adj = topology.adjacency(graph, n)
-    honest = set(range(n)) - set(byz)
-    initial = sw.params()[0]
     # every honest node is built as DPONode builds it in gossip mode, from the same config
     d = DPOConfig(aggregation="clipped" if rule == "robust" else "mean", bypass_after=bypass_after,
-                  stall_ratio=stall_ratio, clip_farthest=clip_farthest, outlier_factor=outlier_factor)
+                  stall_ratio=stall_ratio, clip_farthest=clip_farthest, outlier_factor=outlier_factor,
+                  min_neighbours=min_neighbours)
+    adj = gossip_graph(d, n, graph)  # every node derives the same graph (widened under the robust rule)
+    honest = set(range(n)) - set(byz)
+    initial = sw.params()[0]
     robust = {i: RobustAverager.from_config(d) for i in honest} if rule == "robust" else {}
     bypass = {i: Bypass.from_config(d) for i in honest}
     for r in robust.values():  # as DPONode does: our own first update is measured from the initial model
@@ -89,6 +83,7 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
     rejects = {i: G.RejectCounter() for i in range(n)}
     hostile = {b: HostileNeighbour(mode, 1000 * seed + b) for b in byz} if mode in MODES else {}
     clipped, consensus, routed, stalls = 0, [], 0, 0
+    last_ratio: dict[int, float | None] = {}  # each honest node's pull ratio last round (a paced attacker steers by it)
     at: dict[int, dict[int, dict]] = {}
     for r in range(rounds):
         for t in sw.trainers:
@@ -102,10 +97,10 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
         for b in byz:
             nbrs = [i for i in sorted(honest) if graphs[i][i, b]]  # everyone who fetches from it
             recipients = {}
-            for i in nbrs if mode == "dissensus" else []:
+            for i in nbrs if mode in OMNISCIENT else []:
                 w = topology.mixing_matrix_from_adjacency(graphs[i])  # the weights node i gives its neighbours
-                recipients[sw.ids[i]] = Recipient(xs[i], _pull(xs, w, i, honest),
-                                                  float(w[i, b]) * sum(1 for k in byz if graphs[i][i, k]))
+                weight = float(w[i, b]) * sum(1 for k in byz if graphs[i][i, k])  # shared by colluders
+                recipients[sw.ids[i]] = recipient(xs, w, i, honest, weight, last_ratio.get(i))
             view = View(r, xs[b], {sw.ids[j]: xs[j] for j in np.flatnonzero(adj[b])}, initial, recipients)
             for rec, params in (hostile[b].send(view, [sw.ids[i] for i in nbrs]) if b in hostile else {}).items():
                 sent[(b, sw.ids.index(rec))] = G.encode_params(params, sw.arch, COMPRESSION)
@@ -118,6 +113,7 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
                                 rejects[i], robust=robust.get(i))
             if i in honest:
                 stalls += bypass[i].observe(res.present, res.missing, res.pull_ratio)
+                last_ratio[i] = res.pull_ratio
             clipped += len(res.clipped)
             new.append(res.params)
         for m, x in zip(sw.models, new, strict=True):
@@ -148,14 +144,16 @@ def _evaluate(sw: Swarm, honest: set[int]) -> dict[int, dict]:
     return out
 
 
-def contraction(graph: str, rule: str, n: int = 8, steps: int = 12, seed: int = 0) -> float:
+def contraction(graph: str, rule: str, min_neighbours: int = 0, n: int = 8, steps: int = 12,
+                seed: int = 0) -> tuple[float, float]:
     """Measured per-step shrink of the consensus error of pure averaging (random vectors, no training),
     geometric mean over the last half of `steps` (more steps would reach float32's noise floor on fast
-    graphs), through the real bytes and gossip_step."""
+    graphs), through the real bytes and gossip_step; and the fetches per node and round (mean degree)."""
     g = torch.Generator().manual_seed(seed)
     states = [[torch.randn(17, 5, generator=g), torch.randn(40, generator=g)] for _ in range(n)]
     ids = [f"peer-{i}" for i in range(n)]
-    adj = topology.adjacency(graph, n)
+    adj = gossip_graph(DPOConfig(aggregation="clipped" if rule == "robust" else "mean",
+                                 min_neighbours=min_neighbours), n, graph)
     shapes = [t.shape for t in states[0]]
     robust = [RobustAverager() if rule == "robust" else None for _ in range(n)]
     errs = []
@@ -165,7 +163,7 @@ def contraction(graph: str, rule: str, n: int = 8, steps: int = 12, seed: int = 
         states = [G.gossip_step(p, blobs[p], blobs, ids, adj, shapes, "f" * 16, "none", robust=robust[i]).params
                   for i, p in enumerate(ids)]
     tail = errs[steps // 2:]
-    return float((tail[-1] / tail[0]) ** (1.0 / (len(tail) - 1)))
+    return float((tail[-1] / tail[0]) ** (1.0 / (len(tail) - 1))), float(adj.sum(axis=1).mean())
 
 
 def worst_node(runs: list[dict], base: dict[int, dict]) -> tuple[float, float, str, int]:
@@ -266,8 +264,12 @@ def print_table(summary: dict, rates: dict, seeds: list[int], rounds: int) -> No
         print(f"{graph:11s} honest accuracy robust - plain {100 * c['acc_diff']:+.1f} +- {100 * c['se']:.1f} pt "
               f"({c['verdict']}); final consensus error robust / plain {c['consensus_ratio']:.2f}")
     for graph in rates:
-        print(f"{graph:11s} pure averaging rho: plain {rates[graph]['plain']:.4f}, robust {rates[graph]['robust']:.4f}; "
-              f"consensus rate (1 - rho) robust / plain = {(1 - rates[graph]['robust']) / (1 - rates[graph]['plain']):.3f}")
+        r = rates[graph]
+        print(f"{graph:11s} pure averaging rho: plain {r['plain'][0]:.4f}, robust {r['robust'][0]:.4f} "
+              f"({r['robust_same_graph'][0]:.4f} without widening); consensus rate (1 - rho) robust / plain = "
+              f"{(1 - r['robust'][0]) / (1 - r['plain'][0]):.3f} "
+              f"({(1 - r['robust_same_graph'][0]) / (1 - r['plain'][0]):.3f} without widening); "
+              f"fetches per node and round: plain {r['plain'][1]:.1f}, robust {r['robust'][1]:.1f}")
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -312,6 +314,8 @@ def main() -> None:
                     help="dpo.outlier_factor of every honest node under the robust rule")
     ap.add_argument("--clip-farthest", type=int, default=CLIP_FARTHEST,
                     help="dpo.clip_farthest of every honest node under the robust rule")
+    ap.add_argument("--min-neighbours", type=int, default=MIN_NEIGHBOURS,
+                    help="dpo.min_neighbours of every node under the robust rule (0: gossip on the graph as it is)")
     ap.add_argument("--rules", nargs="+", default=list(RULES), choices=RULES,
                     help="averaging rules to run (the no-attack cost and 'what plain loses' need both)")
     ap.add_argument("--eval-every", type=int, default=20,
@@ -332,14 +336,16 @@ def main() -> None:
         for seed in seeds:
             res = run(graph, rule, byz, mode, seed, args.rounds, bypass_after=args.bypass_after,
                       outlier_factor=args.outlier_factor, clip_farthest=args.clip_farthest, eval_every=args.eval_every,
-                      stall_ratio=args.stall_ratio)
+                      stall_ratio=args.stall_ratio, min_neighbours=args.min_neighbours)
             results.append(res)
             print(f"[{time.perf_counter() - t0:6.0f}s] {graph:11s} f={len(byz)} {mode or 'none':10s} {rule:6s} seed {seed}: "
                   f"honest acc {res['acc']:.3f}, consensus {res['consensus'][-1]:.3f}, refused {res['refused']}, "
                   f"clipped {res['clipped_per_node_round']:.2f}/node/round, "
                   f"routed around {res['routed_around_per_node_round']:.2f}/node/round, "
                   f"stalls {res['stalls_per_node_round']:.3f}/node/round", flush=True)
-    rates = {g: {rule: contraction(g, rule) for rule in RULES} for g in args.graphs} if set(args.rules) == set(RULES) else {}
+    rates = {g: {"plain": contraction(g, "plain"), "robust": contraction(g, "robust", args.min_neighbours),
+                 "robust_same_graph": contraction(g, "robust")} for g in args.graphs} \
+        if set(args.rules) == set(RULES) else {}
     summary = summarize(results, seeds)
     print(f"\ndpo.bypass_after {args.bypass_after}, dpo.outlier_factor {args.outlier_factor:g}, "
           f"dpo.clip_farthest {args.clip_farthest}, dpo.stall_ratio {args.stall_ratio:g}")

@@ -237,6 +237,10 @@ class DPOConfig(_Section):
         "of sum_j W_ij ||x_j - x_i|| (the pull ratio: ~0.7 between honest neighbours, 0 when one neighbour cancels "
         "the others' pull) is stalled; bypass_after stalled rounds in a row and we also average with our "
         "neighbours' graph neighbours for 20 rounds; 0: never")
+    min_neighbours: int = Field(
+        3, ge=0, description="gossip, clipped: a node with fewer graph neighbours also averages with its neighbours' "
+        "neighbours (every node derives the same widened graph; a ring gets its second neighbours, twice the "
+        "fetches). 2f + 1 outvotes f hostile neighbours; with two, one hostile, nothing tells which lies; 0: never")
     min_peers: int = Field(1, ge=1, description="wait (up to join_wait_s) until this many DPO peers, self included, are live")
     join_wait_s: float = Field(30.0, ge=0.0, description="how long to wait for min_peers at start")
 

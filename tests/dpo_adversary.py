@@ -17,6 +17,10 @@ its neighbours corrupted parameters of the right shapes, finite, through the rea
     dissensus   the strongest equivocation: to each neighbour, the point that cancels that neighbour's pull
                 towards its honest neighbours (the dissensus attack of He, Karimireddy & Jaggi 2022), so
                 that none of them moves towards the others; it needs to know every neighbour's neighbours
+    paced       dissensus that knows the stall rule (docs/dpo.md, `dpo.stall_ratio`): it cancels the fraction
+                c of each neighbour's pull, and steers c (per neighbour, from the pull ratio that neighbour
+                had last round) to hold that ratio at PACED_RATIO, just over the default stall_ratio (0.2),
+                so that the neighbour moves as little as it can without its neighbourhood widening
 
 In process (the benchmark, tests): `HostileNeighbour(mode).send(view)` gives the tensors for each recipient.
 As a process (a multi-process test) it joins a real swarm as a DPO peer through the node's own stack
@@ -43,15 +47,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
-MODES = ("scaled", "sign_flip", "noise", "alie", "stale", "equivocate", "huge", "dissensus")
-PER_RECIPIENT = ("equivocate", "dissensus")
+MODES = ("scaled", "sign_flip", "noise", "alie", "stale", "equivocate", "huge", "dissensus", "paced")
+PER_RECIPIENT = ("equivocate", "dissensus", "paced")
+OMNISCIENT = ("dissensus", "paced")  # need every recipient's parameters and honest pull (View.recipients)
 SCALE = 1e3
 ALIE_Z = 1.0
 EQUIVOCATE_Z = 3.0
 STALE_LAG = 8
 HUGE = 6e4
+PACED_RATIO = 0.25
+PACED_START = 0.5  # the paced attacker's first cancelled fraction of a neighbour's pull
+PACED_GAIN = 1.0  # and how fast it steers it (per unit of pull ratio off target)
 
 Params = list[torch.Tensor]
 
@@ -59,11 +68,13 @@ Params = list[torch.Tensor]
 @dataclass
 class Recipient:
     """What an omniscient attacker knows of one neighbour: its parameters and its honest pull
-    sum_{j honest} W_ij (x_j - x_i); `weight` is the mixing weight the neighbour gives the attacker."""
+    sum_{j honest} W_ij (x_j - x_i); `weight` is the mixing weight the neighbour gives the attacker, and
+    `ratio` the neighbour's pull ratio last round (None: none yet; paced only)."""
 
     params: Params
     pull: Params
     weight: float
+    ratio: float | None = None
 
 
 @dataclass
@@ -81,6 +92,19 @@ def _norm(ts: Sequence[torch.Tensor]) -> float:
     return math.sqrt(sum(float((t.double() ** 2).sum()) for t in ts))
 
 
+def recipient(xs: Sequence[Params], w: np.ndarray, i: int, honest: set[int], weight: float,
+              ratio: float | None = None) -> Recipient:
+    """What an omniscient attacker knows of node i, whose mixing weights (its row of its own graph's
+    matrix) are w[i]: its honest pull sum_{j honest} W_ij (x_j - x_i); `weight` is the total weight node
+    i gives the attackers, `ratio` its pull ratio last round."""
+    pull = [torch.zeros_like(t) for t in xs[i]]
+    for j in np.flatnonzero(w[i]):
+        if j != i and j in honest:
+            for o, a, b in zip(pull, xs[j], xs[i], strict=True):
+                o.add_(a - b, alpha=float(w[i, j]))
+    return Recipient(xs[i], pull, weight, ratio)
+
+
 class HostileNeighbour:
     """Makes the attack's parameters from the attacker's view of a round, one mode for its whole life."""
 
@@ -91,6 +115,7 @@ class HostileNeighbour:
         self.gen = torch.Generator().manual_seed(seed)
         self.past: deque[Params] = deque(maxlen=STALE_LAG + 1)
         self.direction: Params | None = None  # equivocate: one random unit direction for its whole life
+        self.cancel: dict[str, float] = {}  # paced: the fraction of each recipient's pull it cancels
 
     @staticmethod
     def _spread(v: View) -> tuple[Params, float]:
@@ -122,14 +147,26 @@ class HostileNeighbour:
             return [torch.where(t < 0, -HUGE, HUGE).to(torch.float32) for t in own]
         raise ValueError(f"{self.mode} sends a different point to each neighbour: use send()")
 
+    def _cancel(self, name: str, rec: Recipient) -> Params:
+        """The point that cancels the fraction c of the recipient's honest pull: c = 1 (dissensus), or
+        (paced) c steered by the recipient's last pull ratio: more when it moved faster than PACED_RATIO,
+        less when slower. (A closed form cannot hit the ratio: the node clips its farther neighbour to the
+        nearer one's distance or its typical difference, which the attacker does not know.)"""
+        c = 1.0
+        if self.mode == "paced":
+            c = self.cancel.get(name, PACED_START)
+            if rec.ratio is not None:
+                c = min(1.0, max(0.0, c + PACED_GAIN * (rec.ratio - PACED_RATIO)))
+            self.cancel[name] = c
+        return [x - c * q / rec.weight for x, q in zip(rec.params, rec.pull, strict=True)]
+
     def send(self, v: View, recipients: Sequence[str]) -> dict[str, Params]:
         """The parameters each recipient gets this round."""
         if self.mode not in PER_RECIPIENT:
             out = self.corrupt(v)
             return {r: out for r in recipients}
-        if self.mode == "dissensus":  # x_i - pull_i / W_ib: what makes node i's average stay where it is
-            return {r: [x - p / v.recipients[r].weight for x, p in zip(v.recipients[r].params, v.recipients[r].pull,
-                                                                        strict=True)] for r in recipients}
+        if self.mode in OMNISCIENT:  # x_i - c pull_i / W_ib: node i's average moves it by (1 - c) pull_i
+            return {r: self._cancel(r, v.recipients[r]) for r in recipients}
         if self.direction is None:
             d = [torch.randn(t.shape, generator=self.gen) for t in v.own]
             self.direction = [t / _norm(d) for t in d]

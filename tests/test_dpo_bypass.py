@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.dpo_byzantine import _pull as honest_pull
 from swarm_node import gossip as A
 from swarm_node.config import DPOConfig, load_config
 from swarm_node.gossip import bypass
 from swarm_node.gossip import topology as T
 from swarm_node.gossip.bypass import Bypass
 from swarm_node.gossip.robust import RobustAverager
-from tests.dpo_adversary import HostileNeighbour, Recipient, View
+from tests.dpo_adversary import HostileNeighbour, View, recipient
 from tests.tooling.dpo_swarm import FakeDPOSwarm
 
 IDS = [f"p{i}" for i in range(8)]
@@ -187,21 +186,24 @@ def test_stalls_are_watched_under_the_clipped_rule_only() -> None:
     assert not any(plain.observe(["p0", "p2"], [], pull_ratio=0.0) for _ in range(5))
 
 
-def _ring_beside_a_dissensus_node(stall_ratio: float, rounds: int = 80) -> float:
+def _ring_beside_a_dissensus_node(stall_ratio: float, rounds: int = 80, mode: str = "dissensus",
+                                  ratios: dict[str, list[float]] | None = None, min_neighbours: int = 0) -> float:
     """Robust gossip on an 8-node ring whose node 0 sends each neighbour the point that cancels its pull
     towards its honest neighbour (tests/dpo_adversary.py, mode dissensus, computed on each neighbour's own
     graph as the benchmark does). Each node starts at the common initial point and takes a local step
     towards its own target every round (non-IID data in miniature), through the real codec, gossip_step,
-    RobustAverager and Bypass. Returns the honest nodes' consensus error at the end."""
+    RobustAverager and Bypass. Returns the honest nodes' consensus error at the end; `ratios` collects
+    every honest node's pull ratio per round (None where nothing moved it)."""
     g = torch.Generator().manual_seed(2)
     targets = [[torch.randn(s, generator=g) for s in SHAPES] for _ in IDS]
     xs = [[torch.zeros(s) for s in SHAPES] for _ in IDS]
-    ring, honest = T.ring(8), IDS[1:]
+    ring, honest = T.widen(T.ring(8), min_neighbours), IDS[1:]
     robust = {p: RobustAverager() for p in honest}
     bypasses = {p: Bypass(3, stall_ratio) for p in honest}
     for p in honest:
         robust[p].averaged(xs[IDS.index(p)])
-    attacker = HostileNeighbour("dissensus")
+    attacker = HostileNeighbour(mode)
+    last: dict[str, float | None] = {}  # each honest node's pull ratio last round
 
     def error() -> float:
         states = [xs[IDS.index(p)] for p in honest]
@@ -217,13 +219,16 @@ def _ring_beside_a_dissensus_node(stall_ratio: float, rounds: int = 80) -> float
             i = IDS.index(p)
             if graphs[p][i, 0]:
                 w = T.mixing_matrix_from_adjacency(graphs[p])
-                recipients[p] = Recipient(xs[i], honest_pull(xs, w, i, set(range(1, len(IDS)))), float(w[i, 0]))
+                recipients[p] = recipient(xs, w, i, set(range(1, len(IDS))), float(w[i, 0]), last.get(p))
         sent = attacker.send(View(r, xs[0], {}, xs[0], recipients), sorted(recipients))
         new = list(xs)
         for p in honest:
             received = {**blobs, "p0": A.encode_params(sent[p], FP, "none") if p in sent else None}
             res = A.gossip_step(p, blobs[p], received, IDS, graphs[p], SHAPES, FP, "none", robust=robust[p])
             bypasses[p].observe(res.present, res.missing, res.pull_ratio)
+            last[p] = res.pull_ratio
+            if ratios is not None:
+                ratios.setdefault(p, []).append(res.pull_ratio)
             new[IDS.index(p)] = res.params
         xs = new
     return error()
@@ -235,3 +240,18 @@ def test_a_ring_node_held_still_by_a_dissensus_neighbour_widens_and_reaches_cons
     held = _ring_beside_a_dissensus_node(stall_ratio=0.0)
     widened = _ring_beside_a_dissensus_node(stall_ratio=0.2)
     assert widened < 0.5 * held, (held, widened)
+
+
+def test_a_paced_dissensus_neighbour_splits_a_ring_unless_the_ring_is_widened() -> None:
+    """An attacker that knows the stall rule (tests/dpo_adversary.py, mode paced) steers each neighbour's
+    pull ratio to just over dpo.stall_ratio: the neighbourhood never widens, the two nodes beside it drift
+    from the rest on their own data until they are refused (and refuse), and the honest ring splits as if
+    there were no stall rule. With dpo.min_neighbours 3 the ring has its second neighbours too, and two
+    honest neighbours of each of the attacker's outvote it."""
+    ratios: dict[str, list[float]] = {}
+    split = _ring_beside_a_dissensus_node(stall_ratio=0.2, mode="paced", ratios=ratios)
+    unwatched = _ring_beside_a_dissensus_node(stall_ratio=0.0, mode="paced")
+    widened = _ring_beside_a_dissensus_node(stall_ratio=0.2, mode="paced", min_neighbours=3)
+    assert min(r for r in ratios["p1"][:4] if r is not None) > 0.0  # steered, not held at 0 as by dissensus
+    assert split > 0.9 * unwatched, (split, unwatched)  # the stall rule did not help
+    assert widened < 0.25 * split, (split, widened)

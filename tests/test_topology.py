@@ -92,3 +92,32 @@ def test_neighbours_for_is_order_independent() -> None:
             assert me not in nbrs
             assert all(me in views[0][j] for j in nbrs)
     assert T.neighbours_for(["b", "c"], "a", "ring") == ["b", "c"]
+
+
+@pytest.mark.parametrize("graph", T.GRAPHS)
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9, 16])
+def test_widening_keeps_every_link_and_gives_each_node_enough_neighbours(graph: str, n: int) -> None:
+    a = T.adjacency(graph, n, p=0.3, seed=1)
+    w = T.widen(a, 3)
+    assert np.array_equal(w, w.T) and not w.diagonal().any()
+    assert (w | a).sum() == w.sum()  # nothing removed
+    assert (w.sum(axis=1) >= min(3, n - 1)).all()
+    assert np.array_equal(T.widen(a, 0), a)
+
+
+def test_a_ring_widens_to_its_second_neighbours_and_others_stay() -> None:
+    w = T.widen(T.ring(8), 3)
+    assert [set(np.flatnonzero(w[i]).tolist()) for i in (0, 5)] == [{1, 2, 6, 7}, {3, 4, 6, 7}]
+    assert np.array_equal(T.widen(T.exponential(8), 3), T.exponential(8))  # degree 5
+    assert np.array_equal(T.widen(T.ring(4), 3), T.complete(4))
+
+
+def test_the_gossip_plan_is_widened_under_the_clipped_rule_only() -> None:
+    from swarm_node.config import DPOConfig
+    from swarm_node.gossip.exchange import plan_round
+
+    ids = [f"p{i}" for i in range(8)]
+    clipped = plan_round(DPOConfig(aggregation="clipped"), ids, "p0", 0)
+    assert clipped.to_fetch == ["p1", "p2", "p6", "p7"]
+    assert plan_round(DPOConfig(aggregation="mean"), ids, "p0", 0).to_fetch == ["p1", "p7"]
+    assert plan_round(DPOConfig(aggregation="clipped", min_neighbours=0), ids, "p0", 0).to_fetch == ["p1", "p7"]

@@ -46,7 +46,14 @@ def plan_round(d: DPOConfig, ids: list[str], me: str, round_: int) -> RoundPlan:
         return RoundPlan(topology.complete(n), [p for p in participants if p != me], participants)
     if d.averaging == "none" or n == 1:
         return RoundPlan(np.zeros((n, n), dtype=bool), [], [])
-    return RoundPlan.gossip(topology.adjacency(d.topology, n, p=d.er_probability, seed=d.graph_seed), ids, me)
+    return RoundPlan.gossip(gossip_graph(d, n), ids, me)
+
+
+def gossip_graph(d: DPOConfig, n: int, graph: str | None = None) -> np.ndarray:
+    """The gossip graph on n sorted peers (`graph`: another topology than the config's), widened under the
+    clipped rule: robust averaging needs enough neighbours to outvote a hostile one (dpo.min_neighbours)."""
+    adj = topology.adjacency(graph or d.topology, n, p=d.er_probability, seed=d.graph_seed)
+    return topology.widen(adj, d.min_neighbours) if d.aggregation == "clipped" else adj
 
 
 class GossipExchange:

@@ -139,6 +139,28 @@ def adjacency(graph: str, n: int, **params) -> np.ndarray:
     raise ValueError(f"unknown graph {graph!r}; choose one of {', '.join(GRAPHS)}")
 
 
+def widen(a: np.ndarray, min_degree: int) -> np.ndarray:
+    """`a` plus links from every node with fewer than `min_degree` neighbours to its neighbours' neighbours,
+    repeated (from the graph of the step before, so the result is symmetric and the same on every node)
+    until each such node has enough or nothing changes. A ring becomes the ring with its second neighbours.
+
+    Why: against f hostile neighbours a node needs at least 2f + 1 of them to outvote them. With two, one
+    hostile, nothing in what the two send tells which one lies (docs/dpo.md, "Robust averaging").
+    """
+    out = np.asarray(a, dtype=bool).copy()
+    n = out.shape[0]
+    while True:
+        short = [i for i in range(n) if out[i].sum() < min(min_degree, n - 1)]
+        two_hops = (out.astype(np.int64) @ out.astype(np.int64)) > 0
+        new = out.copy()
+        for i in short:
+            for j in np.flatnonzero(two_hops[i]):
+                _link(new, i, int(j))
+        if np.array_equal(new, out):
+            return out
+        out = new
+
+
 def mixing_matrix_from_adjacency(a: np.ndarray) -> np.ndarray:
     """Metropolis-Hastings weights: W_ij = 1/(1+max(d_i,d_j)) on edges, W_ii = 1 - sum_j W_ij.
 
