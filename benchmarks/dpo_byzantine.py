@@ -328,6 +328,8 @@ def main() -> None:
     torch.set_num_threads(1)  # tiny models: one thread is faster than two busy ones
     logging.getLogger("swarm_node.gossip.mixing").setLevel(logging.ERROR)  # one refusal line per node and round
     t0 = time.perf_counter()
+    # the code that runs is the code at the start: a commit made while it runs must not be recorded
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     plan = [(g, rule, [], None) for g in args.graphs for rule in args.rules]
     plan += [(g, rule, ATTACKERS[f], m) for g in args.graphs for f in args.attackers for m in args.modes
              for rule in args.rules]
@@ -356,7 +358,6 @@ def main() -> None:
                 | {"node_acc": {i: v["acc"] for i, v in r["nodes"].items()},
                    "node_acc_by_round": {t: {i: v["acc"] for i, v in nodes.items()} for t, nodes in r["at"].items()}}
                 for r in results]
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
         write_json(args.json, {"args": public_args(args), "commit": commit, "seeds": seeds, "contraction": rates,
                                "summary": summary, "runs": slim}, args)
     if args.png:
