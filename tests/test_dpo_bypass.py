@@ -147,6 +147,34 @@ def test_the_dpo_node_routes_around_a_silent_neighbour(tok, tmp_path, after: int
         assert all(r["routed_around"] == [] and r["neighbours"] == ["c"] for r in rows)
 
 
+@pytest.mark.parametrize("aggregation", ["clipped", "mean"])
+def test_the_dpo_node_widens_its_ring_under_the_clipped_rule(tok, tmp_path, aggregation: str) -> None:
+    """dpo.min_neighbours (3) through DPONode's own round: on an 8-node ring a robust node fetches from and
+    averages with its second neighbours too; a plain one keeps the two of the ring."""
+    from swarm_node.gossip.exchange import GossipExchange
+    from swarm_node.models.factory import Preset, build_model
+    from swarm_node.node.dpo_node import DPONode
+
+    torch.set_num_threads(1)
+    pre = Preset("llama", hidden=32, layers=2, heads=2, kv_heads=2, intermediate=64, lr_full=1e-3, lr_lora=1e-3)
+    build_model(pre, len(tok), tok.pad_token_id, tok.eos_token_id, 0).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    cfg = load_config(None, ["mode=dpo", f"model.path={tmp_path / 'm'}", "dpo.pairs_per_user=16", "dpo.heldout_pairs=16",
+                             f"dpo.aggregation={aggregation}"])
+    node = DPONode(cfg, tmp_path / "state")
+    try:
+        payload = A.encode_params(A.get_params(node.model), node.arch_fp, cfg.dpo.compression)
+        fetched: set[str] = set()
+        swarm = FakeDPOSwarm(node.arch_fp, list("abcdefg"), lambda peer, r: fetched.add(peer) or payload)
+        node.exchange = GossipExchange(cfg.dpo, swarm, node.arch_fp)
+        row = node.run_round(evaluate=lambda: False)
+    finally:
+        node.metrics.close()
+    # the ring on sorted ids a-b-...-g-me: our ring neighbours are g and a, the second ones f and b
+    want = ["a", "b", "f", "g"] if aggregation == "clipped" else ["a", "g"]
+    assert sorted(fetched) == want and row["neighbours"] == want
+
+
 def test_pull_ratio_is_one_for_pulls_that_agree_and_zero_for_pulls_that_cancel() -> None:
     own = [torch.zeros(3)]
     same = A.pull_ratio(own, [torch.tensor([0.5, 0.0, 0.0])], {"a": 0.25, "b": 0.25}, {"a": 1.0, "b": 1.0})
