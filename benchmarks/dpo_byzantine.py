@@ -3,7 +3,9 @@
 The swarm of benchmarks/dpo_topology.py (8 in-process tiny-Llama DPO nodes, common initial weights, node i
 holding synthetic user i mod 4, one local DPO step per round) averages through the node's own
 `mixing.gossip_step`, with `RobustAverager` (gossip/robust.py: replay and outlier refusal, ClippedGossip)
-or without it (plain averaging, `dpo.aggregation: mean`). Hostile nodes (tests/dpo_adversary.py) train
+or without it (plain averaging, `dpo.aggregation: mean`). Every node is built from one DPOConfig as
+DPONode builds it: under the robust rule the graph is widened to `dpo.min_neighbours` (the ring gets its
+second neighbours; `--min-neighbours 0` keeps it), and `Bypass` routes around missing neighbours. Hostile nodes (tests/dpo_adversary.py) train
 and average like the others but send their neighbours corrupted, finite parameters through the real
 float16 payload codec; in the 2-attacker runs they are nodes 0 and 3 (every honest node has an honest
 neighbour on the ring), with 1 attacker node 0. For every graph, number of attackers, mode and rule it
