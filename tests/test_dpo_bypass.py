@@ -116,8 +116,9 @@ def tok():
     return build_tokenizer()
 
 
-@pytest.mark.parametrize("after", [3, 0])
-def test_the_dpo_node_routes_around_a_silent_neighbour(tok, tmp_path, after: int) -> None:
+def _rounds_of_a_dpo_node(tok, tmp_path, peers: list[str], serve, rounds: int, *sets: str) -> list[dict]:
+    """`rounds` rounds of a real DPONode (a tiny Llama, `sets` on top of the DPO defaults) among `peers`
+    (FakeDPOSwarm; our id is "me"), whose payload fetches `serve(peer, round, our_payload)` answers."""
     from swarm_node.gossip.exchange import GossipExchange
     from swarm_node.models.factory import Preset, build_model
     from swarm_node.node.dpo_node import DPONode
@@ -127,17 +128,23 @@ def test_the_dpo_node_routes_around_a_silent_neighbour(tok, tmp_path, after: int
     build_model(pre, len(tok), tok.pad_token_id, tok.eos_token_id, 0).save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
     cfg = load_config(None, ["mode=dpo", f"model.path={tmp_path / 'm'}", "dpo.pairs_per_user=16", "dpo.heldout_pairs=16",
-                             f"dpo.bypass_after={after}"])
-    assert DPOConfig().bypass_after == 3  # on by default
+                             *sets])
     node = DPONode(cfg, tmp_path / "state")
     try:
         payload = A.encode_params(A.get_params(node.model), node.arch_fp, cfg.dpo.compression)
-        # a 4-node ring a-b-c-me (sorted ids) whose node a never answers
-        swarm = FakeDPOSwarm(node.arch_fp, ["a", "b", "c"], lambda peer, r: None if peer == "a" else payload)
+        swarm = FakeDPOSwarm(node.arch_fp, peers, lambda peer, r: serve(peer, r, payload))
         node.exchange = GossipExchange(cfg.dpo, swarm, node.arch_fp)
-        rows = [node.run_round(evaluate=lambda: False) for _ in range(5)]
+        return [node.run_round(evaluate=lambda: False) for _ in range(rounds)]
     finally:
         node.metrics.close()
+
+
+@pytest.mark.parametrize("after", [3, 0])
+def test_the_dpo_node_routes_around_a_silent_neighbour(tok, tmp_path, after: int) -> None:
+    assert DPOConfig().bypass_after == 3  # on by default
+    # a 4-node ring a-b-c-me (sorted ids) whose node a never answers
+    rows = _rounds_of_a_dpo_node(tok, tmp_path, ["a", "b", "c"], lambda peer, r, payload: None if peer == "a" else payload,
+                                 5, f"dpo.bypass_after={after}")
     # the ring on sorted ids a-b-c-me: our neighbours are a (silent) and c; a's other neighbour is b
     assert all(r["missing_neighbours"] == ["a"] for r in rows)
     if after:
@@ -151,25 +158,9 @@ def test_the_dpo_node_routes_around_a_silent_neighbour(tok, tmp_path, after: int
 def test_the_dpo_node_widens_its_ring_under_the_clipped_rule(tok, tmp_path, aggregation: str) -> None:
     """dpo.min_neighbours (3) through DPONode's own round: on an 8-node ring a robust node fetches from and
     averages with its second neighbours too; a plain one keeps the two of the ring."""
-    from swarm_node.gossip.exchange import GossipExchange
-    from swarm_node.models.factory import Preset, build_model
-    from swarm_node.node.dpo_node import DPONode
-
-    torch.set_num_threads(1)
-    pre = Preset("llama", hidden=32, layers=2, heads=2, kv_heads=2, intermediate=64, lr_full=1e-3, lr_lora=1e-3)
-    build_model(pre, len(tok), tok.pad_token_id, tok.eos_token_id, 0).save_pretrained(tmp_path / "m")
-    tok.save_pretrained(tmp_path / "m")
-    cfg = load_config(None, ["mode=dpo", f"model.path={tmp_path / 'm'}", "dpo.pairs_per_user=16", "dpo.heldout_pairs=16",
-                             f"dpo.aggregation={aggregation}"])
-    node = DPONode(cfg, tmp_path / "state")
-    try:
-        payload = A.encode_params(A.get_params(node.model), node.arch_fp, cfg.dpo.compression)
-        fetched: set[str] = set()
-        swarm = FakeDPOSwarm(node.arch_fp, list("abcdefg"), lambda peer, r: fetched.add(peer) or payload)
-        node.exchange = GossipExchange(cfg.dpo, swarm, node.arch_fp)
-        row = node.run_round(evaluate=lambda: False)
-    finally:
-        node.metrics.close()
+    fetched: set[str] = set()
+    [row] = _rounds_of_a_dpo_node(tok, tmp_path, list("abcdefg"), lambda peer, r, payload: fetched.add(peer) or payload,
+                                  1, f"dpo.aggregation={aggregation}")
     # the ring on sorted ids a-b-...-g-me: our ring neighbours are g and a, the second ones f and b
     want = ["a", "b", "f", "g"] if aggregation == "clipped" else ["a", "g"]
     assert sorted(fetched) == want and row["neighbours"] == want
