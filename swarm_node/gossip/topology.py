@@ -150,12 +150,12 @@ def widen(a: np.ndarray, min_degree: int) -> np.ndarray:
     out = np.asarray(a, dtype=bool).copy()
     n = out.shape[0]
     while True:
-        short = [i for i in range(n) if out[i].sum() < min(min_degree, n - 1)]
-        two_hops = (out.astype(np.int64) @ out.astype(np.int64)) > 0
         new = out.copy()
-        for i in short:
-            for j in np.flatnonzero(two_hops[i]):
-                _link(new, i, int(j))
+        for i in np.flatnonzero(out.sum(axis=1) < min(min_degree, n - 1)):
+            reach = out[out[i]].any(axis=0)  # our neighbours' neighbours: O(degree x n), not a matrix product
+            reach[i] = False
+            new[i] |= reach
+            new[:, i] |= reach
         if np.array_equal(new, out):
             return out
         out = new
