@@ -5,9 +5,9 @@ holding synthetic user i mod 4, one local DPO step per round) averages through t
 `mixing.gossip_step`, with `RobustAverager` (gossip/robust.py: replay and outlier refusal, ClippedGossip)
 or without it (plain averaging, `dpo.aggregation: mean`). Every node is built from one DPOConfig as
 DPONode builds it: under the robust rule the graph is widened to `dpo.min_neighbours` (the ring gets its
-second neighbours; `--min-neighbours 0` keeps it), and `Bypass` routes around missing neighbours. Hostile nodes (tests/dpo_adversary.py) train
-and average like the others but send their neighbours corrupted, finite parameters through the real
-float16 payload codec; in the 2-attacker runs they are nodes 0 and 3 (every honest node has an honest
+second neighbours; `--min-neighbours 0` keeps it), and `Bypass` routes around missing neighbours.
+Hostile nodes (tests/dpo_adversary.py) train and average like the others but send their neighbours
+corrupted, finite parameters through the real float16 payload codec; in the 2-attacker runs they are nodes 0 and 3 (every honest node has an honest
 neighbour on the ring), with 1 attacker node 0. For every graph, number of attackers, mode and rule it
 reports, over the seeds:
 
@@ -64,6 +64,11 @@ CLIP_FARTHEST = DPOConfig().clip_farthest
 MIN_NEIGHBOURS = DPOConfig().min_neighbours
 
 
+def node_config(rule: str, **settings: float) -> DPOConfig:
+    """The DPO section of every honest node under `rule` (robust: dpo.aggregation clipped)."""
+    return DPOConfig(aggregation="clipped" if rule == "robust" else "mean", **settings)
+
+
 def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, rounds: int, n: int = 8,
         bypass_after: int = BYPASS_AFTER, outlier_factor: float = OUTLIER_FACTOR,
         clip_farthest: int = CLIP_FARTHEST, eval_every: int = 0, stall_ratio: float = STALL_RATIO,
@@ -72,9 +77,8 @@ def run(graph: str, rule: str, byz: list[int], mode: str | None, seed: int, roun
     With `eval_every`, the honest nodes are also evaluated every that many rounds (`at`: round -> nodes)."""
     sw = Swarm(n, 4, seed, lr=3e-3, pairs=128, heldout=200)
     # every honest node is built as DPONode builds it in gossip mode, from the same config
-    d = DPOConfig(aggregation="clipped" if rule == "robust" else "mean", bypass_after=bypass_after,
-                  stall_ratio=stall_ratio, clip_farthest=clip_farthest, outlier_factor=outlier_factor,
-                  min_neighbours=min_neighbours)
+    d = node_config(rule, bypass_after=bypass_after, stall_ratio=stall_ratio, clip_farthest=clip_farthest,
+                    outlier_factor=outlier_factor, min_neighbours=min_neighbours)
     adj = gossip_graph(d, n, graph)  # every node derives the same graph (widened under the robust rule)
     honest = set(range(n)) - set(byz)
     initial = sw.params()[0]
@@ -154,8 +158,7 @@ def contraction(graph: str, rule: str, min_neighbours: int = 0, n: int = 8, step
     g = torch.Generator().manual_seed(seed)
     states = [[torch.randn(17, 5, generator=g), torch.randn(40, generator=g)] for _ in range(n)]
     ids = [f"peer-{i}" for i in range(n)]
-    adj = gossip_graph(DPOConfig(aggregation="clipped" if rule == "robust" else "mean",
-                                 min_neighbours=min_neighbours), n, graph)
+    adj = gossip_graph(node_config(rule, min_neighbours=min_neighbours), n, graph)
     shapes = [t.shape for t in states[0]]
     robust = [RobustAverager() if rule == "robust" else None for _ in range(n)]
     errs = []
