@@ -6,15 +6,24 @@ times whatever it sent. `RobustAverager` keeps one node's state between rounds a
 
 1. **Replays.** A payload whose bytes equal one received (from anyone, our own included) in an earlier of
    the last REPLAY_ROUNDS rounds is refused (`replayed`): an honest node changes its parameters every round.
-2. **Outliers.** A neighbour whose difference ||x_j - x_i|| is over `outlier_factor` times the typical
-   difference is refused (`norm_outlier`). Typical: the median of our recent accepted (clipped)
-   differences once WARMUP of them are known; in gossip never below sqrt(2) times the norm of our own
-   last update (our local steps since our last average: two independent steps of that size from the
-   same point end about sqrt(2) times as far apart), which no neighbour can forge. That anchor matters on
-   low-degree graphs: a ring node has two neighbours, so an attacker that sends points close to ours
-   makes half of the differences it sees, and would otherwise shrink "typical" until the honest
-   neighbour looked like the outlier. Honest neighbours took a step of the same kind from near the same
-   point, so their differences are not much smaller than our own step.
+2. **Outliers.** A neighbour whose difference ||x_j - x_i|| is over `outlier_factor` times its
+   reference is refused (`norm_outlier`). The reference is the typical difference, or, for a neighbour
+   we have accepted WARMUP times in its last PEER_HISTORY rounds, the larger of that and the median of
+   its own accepted differences: a neighbour is refused for a jump, far outside its history, not for
+   staying where it has been. Typical: the median of our recent accepted (clipped) differences once
+   WARMUP of them are known; in gossip never below sqrt(2) times the norm of our own last update (our
+   local steps since our last average: two independent steps of that size from the same point end about
+   sqrt(2) times as far apart), which no neighbour can forge. That anchor matters on low-degree graphs:
+   a ring node has two neighbours, so an attacker that sends points close to ours makes half of the
+   differences it sees, and would otherwise shrink "typical" until the honest neighbour looked like the
+   outlier. Honest neighbours took a step of the same kind from near the same point, so their
+   differences are not much smaller than our own step.
+   Why a neighbour's own history: the typical difference shrinks as a swarm converges, but an honest
+   node whose data no one else holds stays about one of its own (large) steps away. Measured
+   (benchmarks/dpo_byzantine.py, exponential graph, the attacker in the slot of the other holder of
+   user 0): the last holder's distance grew from 1 to 15-23 typical differences over 200 rounds while
+   staying at 0.26-0.3; once refused by every neighbour it was cut off for good, and the others lost its
+   user (worst node -5.4 points). Its own history keeps it in, clipped like any other neighbour.
 3. **Clipping.** Gossip: ClippedGossip (He, Karimireddy & Jaggi, "Byzantine-robust decentralized
    learning via ClippedGossip", 2022): x_i <- x_i + sum_j W_ij clip(x_j - x_i, tau_i) with
    clip(v, tau) = v min(1, tau / ||v||). The radius is adaptive: the distance of the (f+1)-th farthest
@@ -39,10 +48,12 @@ times whatever it sent. `RobustAverager` keeps one node's state between rounds a
 What it bounds: a clipped neighbour moves us by at most W_ij tau_i per round, and while at most f of our
 neighbours are hostile, tau_i is at most the larger of the farthest honest neighbour's distance and the
 typical difference (at least one of the f+1 farthest is honest). What it does not: a hostile neighbour
-that stays within the honest spread but pushes the same way every round (docs/security.md).
+that stays within the honest spread but pushes the same way every round, and one that was accepted and
+moves away gradually (a sign flip that starts next to us): it is clipped every round, never refused
+(docs/security.md).
 
 Memory: the last average (one float32 copy of the trainable parameters, for the own-update anchor),
-HISTORY floats and the digests of REPLAY_ROUNDS rounds of payloads. None of it is checkpointed: a node
+HISTORY floats, PEER_HISTORY floats per neighbour judged in the last PEER_HISTORY rounds, and the digests of REPLAY_ROUNDS rounds of payloads. None of it is checkpointed: a node
 (fresh or restarted) anchors on its parameters before its first round's local steps, and builds the
 history again.
 """
@@ -67,6 +78,7 @@ if TYPE_CHECKING:
 HISTORY = 64  # accepted (clipped) differences kept for the outlier test and the radius floor
 WARMUP = 4  # accepted differences needed before outliers are refused
 REPLAY_ROUNDS = 64  # rounds whose payload digests are remembered
+PEER_HISTORY = 16  # a neighbour's own accepted differences kept (and rounds it is remembered unjudged)
 MEDIAN_CHUNK = 1 << 20  # coordinates per sort in the coordinate-wise median (bounds its memory)
 
 
@@ -119,6 +131,7 @@ class RobustAverager:
         self._seen: dict[bytes, int] = {}  # sha256 of a payload -> the round (call number) it was first seen
         self._round = 0
         self._last: list[torch.Tensor] | None = None  # our parameters after the last average
+        self._peer: dict[str, tuple[int, deque[float]]] = {}  # neighbour -> (round last judged, its accepted differences)
 
     @classmethod
     def from_config(cls, d: DPOConfig) -> RobustAverager | None:
@@ -176,19 +189,30 @@ class RobustAverager:
             return None
         return distance(own, self._last)
 
+    def _reference(self, peer: str, typical: float | None) -> tuple[float | None, str]:
+        """What a neighbour's difference is compared with (None: nothing yet), and its name for the log:
+        the typical difference, or the median of the neighbour's own accepted differences when that is
+        larger and WARMUP of them are known."""
+        own = self._peer.setdefault(peer, (self._round, deque(maxlen=PEER_HISTORY)))[1]
+        if typical is not None and len(own) >= WARMUP and statistics.median(own) > typical:
+            return statistics.median(own), f"its own recent median {statistics.median(own):.3g}"
+        return typical, "nothing yet" if typical is None else f"the recent median {typical:.3g}"
+
     def _judge(self, dists: dict[str, float], rejects: Drops,
                own_step: float | None = None) -> tuple[dict[str, float], float]:
         """Refuse outliers; the accepted distances and the clipping radius (inf: clip nothing)."""
         typical = self._typical(own_step)
-        limit = math.inf if typical is None else self.outlier_factor * typical
         accepted: dict[str, float] = {}
         for peer in sorted(dists):
-            d = dists[peer]
-            if not math.isfinite(d) or d > limit:
-                rejects.drop(peer, PayloadError(
-                    "norm_outlier", f"difference {d:.3g} > {self.outlier_factor:g} x the recent median {typical:.3g}"))
+            d, (ref, whose) = dists[peer], self._reference(peer, typical)
+            if not math.isfinite(d) or (ref is not None and d > self.outlier_factor * ref):
+                rejects.drop(peer, PayloadError("norm_outlier", f"difference {d:.3g} > {self.outlier_factor:g} x {whose}"))
             else:
                 accepted[peer] = d
+                self._peer[peer][1].append(d)
+            self._peer[peer] = (self._round, self._peer[peer][1])
+        for peer in [p for p, (r, _) in self._peer.items() if r <= self._round - PEER_HISTORY]:
+            del self._peer[peer]  # gone (or no longer our neighbour): its history would only be stale
         ranked = sorted(accepted.values(), reverse=True)
         f = self.clip_farthest
         if f == 0:
