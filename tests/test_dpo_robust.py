@@ -119,33 +119,98 @@ def test_scaled_parameters_are_refused_once_the_history_is_warm() -> None:
     assert res.present == ["b"] and res.weights.keys() == {"a", "b"}  # re-weighted without it
 
 
-def test_a_sign_flipping_neighbour_is_refused_once_the_swarm_has_learnt_something() -> None:
-    """Two honest ring nodes learn (a common drift plus noise each round) and average; the third sends the
-    sign flip of its honest-looking copy about the shared start, x0 - (x - x0). At first it is near us and
-    only clipped; its distance grows with what the swarm has learnt, and from the default `outlier_factor`
-    (3) typical differences on it is refused every round. With the earlier default of 10 it stayed inside
-    for all 30 rounds (clipped only), pulling every node back towards x0 by its clip radius each round; the
-    honest neighbour is never refused."""
-    ids = ["a", "b", "c"]
-    robust, rejects = R.RobustAverager(), A.RejectCounter()
-    g = torch.Generator().manual_seed(4)
+def _learning_pair(seed: int, rounds: int, robust, rejects, hostile, warm: int = 0):
+    """Two honest ring nodes a (us) and b learn (a common drift plus noise each round) and average; the
+    third slot, c, sends hostile(b's parameters, x0). Starts from x0 after `warm` rounds of learning that
+    the robust rule did not see. Yields each round's result and the parameters c sent."""
+    g = torch.Generator().manual_seed(seed)
     x0 = _states(1, spread=0.0)[0]
-    a, b = [t.clone() for t in x0], [t.clone() for t in x0]
-    robust.averaged(a)  # as DPONode does: our first update is measured from the start
     drift = [0.02 * torch.randn(t.shape, generator=g) for t in x0]
-    outcomes = []
-    for _ in range(30):
+    a, b = [t.clone() for t in x0], [t.clone() for t in x0]
+    for _ in range(warm):
+        a = b = [t + d for t, d in zip(a, drift, strict=True)]
+    robust.averaged(a)  # as DPONode does: our first update is measured from where we start
+    for _ in range(rounds):
         a, b = ([t + d for t, d in zip(s, drift, strict=True)] for s in _walk([a, b], g))
-        flip = [2 * z - t for z, t in zip(x0, b, strict=True)]
-        res = _step("a", {"a": _enc(a), "b": _enc(b), "c": _enc(flip)}, ids, "ring", robust, rejects)
-        assert "b" in res.present
-        outcomes.append("refused" if "c" in res.missing else "clipped" if "c" in res.clipped else "taken")
+        c = hostile(b, x0)
+        res = _step("a", {"a": _enc(a), "b": _enc(b), "c": _enc(c)}, ["a", "b", "c"], "ring", robust, rejects)
+        assert "b" in res.present  # the honest neighbour is never refused
+        yield res, a, b, c
         a = res.params
         b = [(x + y) / 2 for x, y in zip(a, b, strict=True)]  # b averaged with us too
-    first = outcomes.index("refused") if "refused" in outcomes else len(outcomes)
-    assert first <= 15 and set(outcomes[first:]) == {"refused"}, outcomes
-    assert set(outcomes[:first]) <= {"clipped"}, outcomes
-    assert rejects.counts == {"norm_outlier": 30 - first}
+
+
+def _sign_flip(b, x0):
+    return [2 * z - t for z, t in zip(x0, b, strict=True)]
+
+
+def test_a_sign_flipping_neighbour_first_seen_far_away_is_refused_every_round() -> None:
+    """Seen first once the swarm has learnt something (20 rounds of drift), the sign flip of an
+    honest-looking copy about the shared start, x0 - (x - x0), is far outside the typical difference
+    from our own first update on, and has no history of its own that could excuse it: refused every
+    round, counted."""
+    robust, rejects = R.RobustAverager(), A.RejectCounter()
+    outcomes = ["refused" if "c" in res.missing else "kept"
+                for res, *_ in _learning_pair(4, 20, robust, rejects, _sign_flip, warm=20)]
+    assert outcomes == ["refused"] * 20 and rejects.counts == {"norm_outlier": 20}
+
+
+def test_a_sign_flipping_neighbour_that_starts_next_to_us_is_clipped_to_the_radius() -> None:
+    """Seen from the start, the sign flip is next to us (x = x0) and moves away as the swarm learns, a
+    little each round: not a jump, so not refused (an honest node that drifts looks the same; see
+    test_an_honest_neighbour_that_stays_put_while_the_rest_converge_is_never_refused). It is clipped
+    to the radius from the second round on, so it moves us by at most its weight times the radius."""
+    robust, rejects = R.RobustAverager(), A.RejectCounter()
+    outcomes = []
+    for res, a, b, c in _learning_pair(4, 30, robust, rejects, _sign_flip):
+        outcomes.append("refused" if "c" in res.missing else "clipped" if "c" in res.clipped else "taken")
+        w = res.weights
+        without_c = [w["a"] * x + w["b"] * y + w["c"] * x for x, y in zip(a, b, strict=True)]
+        assert _dist(res.params, without_c) <= w["c"] * res.clip_radius * (1 + 1e-5)
+    assert set(outcomes[1:]) == {"clipped"} and not rejects.counts, outcomes
+
+
+def _converging_trio_and_a_straggler(rounds: int, offset: float, jump_at: int | None = None):
+    """We (a) and two neighbours b, c converge (steps shrinking 10% a round); d, whose data no one else
+    holds, stays `offset` away from us along one direction (times 10 from round `jump_at` on). The
+    complete graph of 4; yields each round's result."""
+    g = torch.Generator().manual_seed(7)
+    ids = ["a", "b", "c", "d"]
+    robust, rejects = R.RobustAverager(), A.RejectCounter()
+    a = _states(1)[0]
+    robust.averaged(a)
+    u = [torch.randn(t.shape, generator=g) for t in a]
+    u = [t / _dist(u, [torch.zeros_like(x) for x in u]) for t in u]
+    for r in range(rounds):
+        size = 0.05 * 0.9 ** r
+        a, b, c = _walk([a, a, a], g, size)
+        k = offset * (10 if jump_at is not None and r >= jump_at else 1)
+        d = [t + k * e for t, e in zip(a, u, strict=True)]
+        blobs = {"a": _enc(a), "b": _enc(b), "c": _enc(c), "d": _enc(d)}
+        res = A.gossip_step("a", blobs["a"], blobs, ids, T.adjacency("complete", 4), _shapes(a), FP, "none",
+                            rejects, robust=robust)
+        yield res, rejects
+        a = res.params
+
+
+def test_an_honest_neighbour_that_stays_put_while_the_rest_converge_is_never_refused() -> None:
+    """The typical difference shrinks as a swarm converges; a neighbour holding data no one else holds
+    stays about one of its own steps away. Judged against the typical difference alone (the rule before
+    2026-12-06) it was refused once that fell under a third of its distance, and cut off for good
+    (benchmarks/dpo_byzantine.py: the others lost its user). Judged against its own history too, it is
+    kept, clipped to the radius."""
+    offset = 0.5
+    for res, rejects in _converging_trio_and_a_straggler(40, offset):
+        assert "d" in res.present, rejects.counts
+    assert res.clip_radius * R.RobustAverager().outlier_factor < offset  # the old rule would refuse it
+    assert res.clipped == ["d"] and not rejects.counts
+
+
+def test_a_neighbour_that_jumps_far_outside_its_own_history_is_refused() -> None:
+    outcomes = []
+    for res, rejects in _converging_trio_and_a_straggler(30, 0.5, jump_at=20):
+        outcomes.append("refused" if "d" in res.missing else "kept")
+    assert outcomes == ["kept"] * 20 + ["refused"] * 10 and rejects.counts == {"norm_outlier": 10}
 
 
 def test_replayed_bytes_are_refused() -> None:
