@@ -273,4 +273,4 @@ def test_a_paced_dissensus_neighbour_splits_a_ring_unless_the_ring_is_widened() 
     widened = _ring_beside_a_dissensus_node(stall_ratio=0.2, mode="paced", min_neighbours=3)
     assert min(r for r in ratios["p1"][:4] if r is not None) > 0.0  # steered, not held at 0 as by dissensus
     assert split > 0.9 * unwatched, (split, unwatched)  # the stall rule did not help
-    assert widened < 0.25 * split, (split, widened)
+    assert widened < 0.5 * split, (split, widened)

@@ -213,6 +213,30 @@ def test_a_neighbour_that_jumps_far_outside_its_own_history_is_refused() -> None
     assert outcomes == ["kept"] * 20 + ["refused"] * 10 and rejects.counts == {"norm_outlier": 10}
 
 
+def test_a_node_far_from_all_its_neighbours_accepts_the_honest_ones() -> None:
+    """A node that joins late from the initial model (or restarts from an old checkpoint) is far from a
+    swarm that has learnt: its own steps are small, it has no history, and judged by them alone it
+    refused every neighbour, every round, and stayed where it was. The lower median of a round's
+    differences is a floor of the typical one: it takes its two honest neighbours and catches up, and
+    still refuses the third, which sends their parameters x 1e3."""
+    g = torch.Generator().manual_seed(0)
+    x0 = _states(1, spread=0.0)[0]
+    swarm = [t + 0.4 * torch.randn(t.shape, generator=g) for t in x0]  # where the others have got to
+    ids, shapes = ["a", "b", "c", "d"], _shapes(x0)
+    robust, rejects = R.RobustAverager(), A.RejectCounter()
+    a = [t.clone() for t in x0]
+    robust.averaged(a)  # as DPONode does on its first round
+    far = _dist(a, swarm)
+    for _ in range(6):
+        a, b, c = _walk([a, swarm, swarm], g, 0.01)
+        blobs = {"a": _enc(a), "b": _enc(b), "c": _enc(c), "d": _enc([t * 1e3 for t in b])}
+        res = A.gossip_step("a", blobs["a"], blobs, ids, T.adjacency("complete", 4), shapes, FP, "none",
+                            rejects, robust=robust)
+        assert res.present == ["b", "c"] and res.missing == ["d"], rejects.counts
+        a = res.params
+    assert _dist(a, swarm) < 0.1 * far and rejects.counts == {"norm_outlier": 6}
+
+
 def test_replayed_bytes_are_refused() -> None:
     ids = ["a", "b", "c"]
     robust, rejects = R.RobustAverager(), A.RejectCounter()

@@ -17,7 +17,11 @@ times whatever it sent. `RobustAverager` keeps one node's state between rounds a
    a ring node has two neighbours, so an attacker that sends points close to ours makes half of the
    differences it sees, and would otherwise shrink "typical" until the honest neighbour looked like the
    outlier. Honest neighbours took a step of the same kind from near the same point, so their
-   differences are not much smaller than our own step.
+   differences are not much smaller than our own step. Nor is it below the lower median of this round's
+   differences (with two or more neighbours): a node far from all of its neighbours (one that joins late
+   from the initial model, or restarts from an old checkpoint) is the outlier, not they, and refusing
+   them all kept it where it was for good (tests/test_dpo_robust.py). With at most one hostile
+   neighbour among two or more, the lower median is never above every honest neighbour's distance.
    Why a neighbour's own history: the typical difference shrinks as a swarm converges, but an honest
    node whose data no one else holds stays about one of its own (large) steps away. Measured
    (benchmarks/dpo_byzantine.py, exponential graph, the attacker in the slot of the other holder of
@@ -168,10 +172,13 @@ class RobustAverager:
 
     # ---- 2. outliers and 3. the radius --------------------------------------------------------------
 
-    def _typical(self, own_step: float | None) -> float | None:
+    def _typical(self, own_step: float | None, dists: Sequence[float] = ()) -> float | None:
         known = [statistics.median(self.history)] if len(self.history) >= WARMUP else []
         if own_step is not None and own_step > 0:
             known.append(math.sqrt(2) * own_step)
+        finite = sorted(d for d in dists if math.isfinite(d))
+        if known and len(finite) >= 2:  # the lower median of this round's neighbours: with one of them
+            known.append(finite[(len(finite) - 1) // 2])  # hostile, never above every honest one's distance
         return max(known, default=None)
 
     def averaged(self, params: Sequence[torch.Tensor]) -> None:
@@ -201,7 +208,7 @@ class RobustAverager:
     def _judge(self, dists: dict[str, float], rejects: Drops,
                own_step: float | None = None) -> tuple[dict[str, float], float]:
         """Refuse outliers; the accepted distances and the clipping radius (inf: clip nothing)."""
-        typical = self._typical(own_step)
+        typical = self._typical(own_step, list(dists.values()))
         accepted: dict[str, float] = {}
         for peer in sorted(dists):
             d, (ref, whose) = dists[peer], self._reference(peer, typical)
