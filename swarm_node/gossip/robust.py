@@ -20,8 +20,8 @@ times whatever it sent. `RobustAverager` keeps one node's state between rounds a
    differences are not much smaller than our own step. Nor is it below the lower median of this round's
    differences (with two or more neighbours): a node far from all of its neighbours (one that joins late
    from the initial model, or restarts from an old checkpoint) is the outlier, not they, and refusing
-   them all kept it where it was for good (tests/test_dpo_robust.py). With at most one hostile
-   neighbour among two or more, the lower median is never above every honest neighbour's distance.
+   them all kept it where it was for good (tests/test_dpo_robust.py). While at most half of them are
+   hostile, the lower median is never above every honest neighbour's distance.
    Why a neighbour's own history: the typical difference shrinks as a swarm converges, but an honest
    node whose data no one else holds stays about one of its own (large) steps away. Measured
    (benchmarks/dpo_byzantine.py, exponential graph, the attacker in the slot of the other holder of
