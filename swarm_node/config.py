@@ -227,8 +227,8 @@ class DPOConfig(_Section):
         "at least the number of hostile neighbours a node may have (0: refuse outliers, clip nothing)")
     outlier_factor: float = Field(
         3.0, gt=1.0, description="clipped: refuse a neighbour whose difference from us is over this many times "
-        "the median of our recent accepted (clipped) differences, or of its own recent accepted differences when "
-        "that is larger (refused for a jump, not for staying where it has been)")
+        "the median of our recent accepted (clipped) differences, or, for a neighbour accepted in 32 rounds, of its "
+        "own recent accepted differences when that is larger (refused for a jump, not for staying where it has been)")
     bypass_after: int = Field(
         3, ge=0, description="gossip: a neighbour missing or refused this many rounds in a row is routed around (we "
         "also average with its graph neighbours until it is back), so a ring with a silent or refused node closes "
