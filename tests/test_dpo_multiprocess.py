@@ -292,6 +292,14 @@ def _beside_a_scaling_adversary(tmp_path: Path, model_dir: Path, swarm: str, set
     return bad, runs
 
 
+def _refused_in_nearly_every_attacked_round(rows: list[dict], bad: dict) -> None:
+    """A node beside the adversary counted it `norm_outlier` in every round it published but one (a late
+    payload is missing, not refused)."""
+    attacked = [r for r in rows if r["round"] in bad["rounds"]]
+    refused = sum(r["rejected"].get("params:norm_outlier", 0) for r in rows)  # rows count each round's
+    assert refused >= len(attacked) - 1, [r["rejected"] for r in rows]
+
+
 def test_honest_ring_nodes_refuse_a_real_hostile_neighbour(tmp_path: Path, model_dir: Path) -> None:
     """4 honest nodes (users 0-3, `dpo.aggregation=clipped`) and tests/dpo_adversary.py on a 5-node ring, as
     real processes: the adversary follows its neighbours' rounds and publishes their parameters x 1e3. Its two
@@ -313,9 +321,7 @@ def test_honest_ring_nodes_refuse_a_real_hostile_neighbour(tmp_path: Path, model
     for rows in runs:
         assert max(abs(v) for r in rows for v in r["params_probe"]) < 10 * scale, [r["params_probe"] for r in rows]
     for rows in beside:
-        attacked = [r for r in rows if r["round"] in bad["rounds"]]
-        refused = sum(r["rejected"].get("params:norm_outlier", 0) for r in rows)  # rows count each round's
-        assert refused >= len(attacked) - 1, [r["rejected"] for r in rows]
+        _refused_in_nearly_every_attacked_round(rows, bad)
         # its honest neighbour every round and, once it has been refused dpo.bypass_after (3) rounds in a row,
         # the adversary's other neighbour too: the ring closes around it (gossip/bypass.py)
         around = [r for r in rows if r["routed_around"] == [bad["peer_id"]]]
@@ -332,7 +338,7 @@ def test_honest_ring_nodes_refuse_a_real_hostile_neighbour(tmp_path: Path, model
 def test_the_default_widened_ring_refuses_a_real_hostile_neighbour_and_learns(tmp_path: Path, model_dir: Path) -> None:
     """The same 5-node ring with the default `dpo.min_neighbours` (3): under the clipped rule every node also
     averages with its second neighbours, which on 5 nodes is the complete graph, so every honest node is beside
-    the x 1e3 adversary, refuses it (`norm_outlier`) in every round it publishes, and averages with the other
+    the x 1e3 adversary, refuses it (`norm_outlier`) in every round it publishes (but one: a late payload is missing), and averages with the other
     three honest nodes. They learn as a swarm: every node's held-out preference accuracy rises by more than 0.1
     to over 0.9 (one run, 2026-12-06: 0.70-0.75 -> 0.992 at every node in 20 rounds, the same to three
     decimals as the 4 honest nodes alone; the plain 4-node ring, `dpo.aggregation=mean`: 0.56-0.62 ->
@@ -342,8 +348,6 @@ def test_the_default_widened_ring_refuses_a_real_hostile_neighbour_and_learns(tm
     bad, runs = _beside_a_scaling_adversary(tmp_path, model_dir, "dpo-byz-wide", [], rounds)
     for rows in runs:
         assert {len(r["neighbours"]) + len(r["missing_neighbours"]) for r in rows} == {4}  # the complete graph
-        attacked = [r for r in rows if r["round"] in bad["rounds"]]
-        refused = sum(r["rejected"].get("params:norm_outlier", 0) for r in rows)
-        assert refused >= len(attacked) - 1, [r["rejected"] for r in rows]
+        _refused_in_nearly_every_attacked_round(rows, bad)
         start, final = rows[0]["heldout_pref_acc"], rows[-1]["heldout_pref_acc"]
         assert final > start + 0.1 and final > 0.9, (rows[0]["peer_id"], start, final)
