@@ -39,7 +39,9 @@ class ModelConfig(_Section):
 
     path: str = Field("tiny-s", description="local directory, built-in preset name (tiny-s, tiny-m) or hub id")
     name: str | None = Field(None, description="name announced to peers; default: the directory name")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field("auto", description="auto: bf16 on a GPU that supports it, else fp32")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="compute dtype of the forward (autocast); the weights training changes stay fp32, a "
+        "LoRA model's frozen base is stored in it. auto: bf16 on a GPU that supports it, else fp32")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?|mps)$", description="auto: the first CUDA device if any, else CPU")
     lora: LoraConfig = LoraConfig()
 
@@ -136,15 +138,25 @@ class TrainingConfig(_Section):
     lr: float | None = Field(None, gt=0.0, description="None: the preset's default (1e-6 full / 1e-4 LoRA for real models)")
     weight_decay: float = Field(0.0, ge=0.0, description="decoupled weight decay (adamw)")
     grad_clip: float = Field(1.0, gt=0.0, description="max global grad norm")
-    micro_batch_size: int = Field(32, ge=1, description="sequences per forward pass when recomputing log-probs (bounds memory)")
+    micro_batch_tokens: int = Field(
+        8192, ge=16, description="padded tokens (sequences x longest) per forward pass when recomputing log-probs: "
+        "bounds the activations whatever the lengths (`swarm-node plan` sizes it for a card); a longer sequence "
+        "runs alone. Out of memory halves it and retries the step")
+    micro_batch_size: int | None = Field(None, ge=1, description="at most this many sequences per forward pass "
+                                         "as well; None: the token budget alone decides")
+    logits_chunk_tokens: int | None = Field(
+        None, ge=1, description="tokens whose output-head logits are computed at once in the log-prob path (each "
+        "chunk's fp32 [tokens x vocabulary] is recomputed in the backward pass, never held); None: 128 MiB of "
+        "fp32 logits per chunk (220 tokens at a 151,936 vocabulary)")
     adv_eps: float = Field(1e-6, gt=0.0, description="A = (r - mean) / (std + adv_eps)")
     skip_zero_advantage_groups: bool = Field(True, description="groups with all-equal rewards carry no signal")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="learning rate per round after the warm-up: constant, or decaying towards 0 at "
         "`rounds` (linear, cosine; they need `rounds`); also used by DPO mode")
     warmup_rounds: int = Field(0, ge=0, description="rounds of linear warm-up from lr/warmup_rounds to lr")
-    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: "
-                                         "less memory for long completions, ~30% slower steps")
+    gradient_checkpointing: bool = Field(False, description="keep only each transformer layer's input and "
+                                         "recompute the layer in the backward pass: activations shrink to about one "
+                                         "layer's worth, for ~30% slower steps")
 
 
 class SwarmConfig(_Section):

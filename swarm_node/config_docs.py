@@ -108,14 +108,17 @@ TRL_GRPO = [
     ("use_vllm", "generation.backend", "`vllm`"),
     ("max_prompt_length", "-", "prompts are not truncated"),
     ("per_device_train_batch_size", "task.prompts_per_round", "x `generation.num_generations` completions per "
-     "round; `training.micro_batch_size` bounds memory, `generation.batch_size` the decode chunk"),
+     "round; `training.micro_batch_tokens` bounds memory, `generation.batch_size` the decode chunk"),
     ("gradient_accumulation_steps", "-", "a round's groups (own and peers') are one batch"),
     ("scale_rewards", "-", "always per group, as TRL's `\"group\"`: `(r - mean) / (std + training.adv_eps)`"),
     ("loss_type", "-", "one token-level loss; `training.variant` picks the off-policy correction "
      "(docs/algorithms.md)"),
     ("max_steps", "rounds", "one round = sample, exchange, one update"),
     ("seed", "seed", "same name; give each node its own"),
-    ("bf16", "model.dtype", "`bfloat16` (`auto` picks it on a GPU that supports it)"),
+    ("bf16", "model.dtype", "`bfloat16` (`auto` picks it on a GPU that supports it): bf16 compute with fp32 "
+     "master weights, as TRL's autocast"),
+    ("gradient_checkpointing", "training.gradient_checkpointing", "same name; here it works in eval mode and "
+     "keeps the shared-prompt forward"),
     ("report_to", "metrics.report_to", "same name: `tensorboard`, `wandb`, `all`, `none`"),
     ("logging_steps", "-", "every round is a metrics.jsonl row"),
     ("eval_steps", "metrics.eval_every", "in rounds"),

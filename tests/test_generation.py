@@ -434,11 +434,12 @@ def test_node_samples_evaluates_and_admits_with_the_chat_template(loaded, tmp_pa
 
 
 @pytest.mark.parametrize("lora", [False, True])
-def test_gradient_checkpointing_gives_the_same_step(loaded, lora):
-    """training.gradient_checkpointing recomputes activations; the gradient must not change (fp32)."""
+def test_gradient_checkpointing_recomputes_and_gives_the_same_step(loaded, lora):
+    """training.gradient_checkpointing recomputes every layer in the backward pass (counted), keeps the
+    one-forward-per-prompt path, and the gradient does not change (fp32)."""
     from swarm_node.config import LoraConfig as CfgLora
     from swarm_node.config import TrainingConfig
-    from swarm_node.models.loading import enable_gradient_checkpointing, wrap_lora
+    from swarm_node.models.loading import decoder_layers, wrap_lora
     from swarm_node.training.groups import TrainGroup
     from swarm_node.training.grpo_step import GRPOTrainer
 
@@ -456,15 +457,19 @@ def test_gradient_checkpointing_gives_the_same_step(loaded, lora):
                 for n, p in model.named_parameters():
                     if "lora_B" in n:
                         p.normal_(0, 0.1)
-        if ckpt:
-            enable_gradient_checkpointing(model)
-            base = model.get_base_model() if lora else model
-            new_name = hasattr(type(base), "is_activation_checkpointing")  # transformers >= 5.2x
-            assert (base.is_activation_checkpointing if new_name else base.is_gradient_checkpointing)
-            assert not base.config.use_cache
         model.train()
-        trainer = GRPOTrainer(model, TrainingConfig(variant="on_policy", lr=1e-3), loaded.tokenizer.pad_token_id)
+        layers = decoder_layers(model) if ckpt else ()
+        trainer = GRPOTrainer(model, TrainingConfig(variant="on_policy", lr=1e-3), loaded.tokenizer.pad_token_id,
+                              checkpoint_layers=layers)
+        assert trainer._can_share_prompts()  # the 4 completions share one prompt forward either way
         trainer.accumulate_gradients(trainer.prepare(groups))
+        if ckpt:
+            n_layers = loaded.model.config.num_hidden_layers
+            assert len(layers) == n_layers
+            # the completions' forward is checkpointed and rerun in the backward; the prompt's (which writes
+            # the KV cache) is not
+            assert trainer.checkpointing.forwards == n_layers
+            assert trainer.checkpointing.recomputed == n_layers
         g = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
         assert g and all(v.abs().sum() > 0 for k, v in g.items() if "lora_A" in k or not lora)
         grads.append(g)

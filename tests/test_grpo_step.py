@@ -86,8 +86,9 @@ def head_rows(model, fn):
 
 @pytest.mark.parametrize("share", [True, False])
 def test_output_head_runs_on_completion_positions_only(share):
-    """Prompts of different lengths share a micro-batch; lm_head never sees a prompt position, and the log-probs
-    still equal an unpadded forward, for a full and a PEFT model, with and without one forward per prompt."""
+    """Prompts of different lengths share a micro-batch; lm_head sees exactly the positions that predict a
+    completion token (no prompt, no padding), and the log-probs still equal an unpadded forward, for a full
+    and a PEFT model, with and without one forward per prompt."""
     from peft import LoraConfig, get_peft_model
 
     rng = np.random.default_rng(3)
@@ -98,10 +99,9 @@ def test_output_head_runs_on_completion_positions_only(share):
         if not share:
             trainer._can_share_prompts = lambda: False
         got, seen = head_rows(model, lambda t=trainer: t.completion_logprobs(groups))
-        if share:  # each distinct prompt's last position, then the 12 completions' first cmax - 1 positions
-            assert seen == [(3, 1, 32), (12, cmax - 1, 32)], seen
-        else:  # one micro-batch, 9 + cmax columns in, cmax + 1 through the head
-            assert seen == [(12, cmax + 1, 32)], seen
+        tokens = sum(len(c) for g in groups for c in g.completions)
+        assert cmax * 12 > tokens  # padding exists, and the head must not see it
+        assert seen == [(tokens, 32)], seen  # one chunk of hidden states: the completion tokens, no more
         for g, lps in zip(groups, got, strict=True):
             for c, lp in zip(g.completions, lps, strict=True):
                 assert np.max(np.abs(lp - reference_logprobs(model, g.prompt_ids, c))) < 1e-5
@@ -145,10 +145,17 @@ def test_a_prefix_shared_by_all_prompts_runs_once_with_the_same_gradient():
         if not share:
             trainer._can_share_prompts = lambda: False
         with_behaviour(trainer, groups, shift=-0.2)
-        got, seen = head_rows(model, lambda t=trainer: t.completion_logprobs(groups))
+        seen_inputs: list[tuple[int, ...]] = []
+        hook = model.get_decoder().register_forward_pre_hook(
+            lambda _m, args, kwargs: seen_inputs.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+        try:
+            got = trainer.completion_logprobs(groups)
+        finally:
+            hook.remove()
         logps.append(got)
-        if share:  # the prefix alone (its last position), the 3 tails, then the 9 completions
-            assert seen[0][0] == 1 and seen[1][0] == 3 and seen[2][0] == 9, seen
+        if share:  # the prefix alone, the 3 tails, then the 9 completions
+            assert [s[0] for s in seen_inputs] == [1, 3, 9], seen_inputs
+            assert seen_inputs[0][1] == len(prefix)
         trainer.accumulate_gradients(trainer.prepare(groups))
         grads.append(torch.cat([p.grad.flatten() for p in trainer.params]))
     for a, b in zip(logps[0], logps[1], strict=True):

@@ -21,7 +21,7 @@ from swarm_node.config import NodeConfig
 from swarm_node.evaluation import eval_metrics, evaluate
 from swarm_node.generation import make_generator
 from swarm_node.generation.prompts import PromptEncoder, chat_template_setting
-from swarm_node.models.loading import LoadedModel, enable_gradient_checkpointing, load_model
+from swarm_node.models.loading import LoadedModel, decoder_layers, load_model
 from swarm_node.node.admission import Admission, payload_check
 from swarm_node.node.checkpoint import model_record
 from swarm_node.node.limits import receive_limits
@@ -70,15 +70,16 @@ class GRPONode(RoundNode):
         self.state_dir = Path(state_dir)
         self.loaded = loaded or load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.model.device,
                                            lora=cfg.model.lora, name=cfg.model.name)
-        if cfg.training.gradient_checkpointing:
-            enable_gradient_checkpointing(self.loaded.model)
         self.tok = self.loaded.tokenizer
         self.prompts = PromptEncoder(self.tok, chat_template_setting(cfg.generation.chat_template, cfg.task.prompt_form),
                                      cfg.generation.max_prompt_tokens)
         self.task: Task = get_task(cfg.task)
         self.generator = make_generator(self.loaded, cfg.generation)
         self.trainer = GRPOTrainer(self.loaded.model, cfg.training, self.tok.pad_token_id,
-                                   lr_default=self.loaded.default_lr(), temperature=cfg.generation.temperature)
+                                   lr_default=self.loaded.default_lr(), temperature=cfg.generation.temperature,
+                                   checkpoint_layers=decoder_layers(self.loaded.model)
+                                   if cfg.training.gradient_checkpointing else (),
+                                   compute_dtype=self.loaded.dtype)
         self.metrics = MetricsWriter.from_config(self.state_dir, cfg, node_name=self.loaded.name)
         self._start_rounds()
         self.swarm = None

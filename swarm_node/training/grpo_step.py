@@ -1,19 +1,25 @@
 """One GRPO / F-TIS training round on local and peer groups: advantages, log-prob recompute, loss, step.
 
-Memory is bounded by ``micro_batch_size`` sequences per forward. Each micro-batch's loss is a *sum* over
-its kept sequences; after all micro-batches the gradient is divided by the global kept count, so the
-update equals the full-batch loss gradient whatever the micro-batch size.
+Memory follows the tokens: a micro-batch holds at most ``micro_batch_tokens`` padded tokens, the output head
+runs on completion positions only, a chunk of tokens at a time, in fp32, recomputed in the backward pass
+(training/logprobs.py), and ``gradient_checkpointing`` keeps only each layer's input (training/checkpointing.py).
+Out of memory halves the token budget and retries the step. Each micro-batch's loss is a *sum* over its kept
+sequences; after all micro-batches the gradient is divided by the global kept count, so the update equals the
+full-batch loss gradient whatever the micro-batching.
 
-(Over ~500 lines because the trainer's forward variants, row by row and over a shared prompt prefix with
-lm_head on completion positions only, share its micro-batching and are checked against each other in
-tests/test_grpo_step.py; the F-TIS loss itself is in training/ftis.py.)
+(Over 550 lines because the trainer's forward variants, row by row and over a shared prompt prefix, share its
+micro-batching and are checked against each other in tests/test_grpo_step.py; the F-TIS loss itself is in
+training/ftis.py.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,10 +27,14 @@ import torch
 from torch import Tensor, nn
 
 from swarm_node.config import TrainingConfig
+from swarm_node.training.checkpointing import LayerCheckpointing, frozen_cache
 from swarm_node.training.ftis import LossDiagnostics, ftis_loss, group_advantages
 from swarm_node.training.groups import TrainGroup
+from swarm_node.training.logprobs import chunk_tokens, head_logprobs, logits_logprobs
 from swarm_node.training.optim import build_optimizer, set_lr
 from swarm_node.training.params import trainable_parameters
+
+log = logging.getLogger(__name__)
 
 MIN_SHARED_PREFIX = 8  # tokens all prompts of a micro-batch share before that prefix gets a forward of its own
 DEFAULT_LR = 1e-6  # paper's full-model lr; used only when neither cfg.lr nor a preset default is given
@@ -107,6 +117,8 @@ class StepResult:
     clipped_frac: float = float("nan")
     completion_tokens: int = 0
     total_tokens: int = 0
+    oom_retries: int = 0  # times this step ran out of memory and was retried with half the token budget
+    micro_batch_tokens: int = 0  # the token budget the step ended with
     seconds: float = 0.0
 
 
@@ -120,7 +132,9 @@ class GRPOTrainer:
     """Owns the optimizer and applies F-TIS (or a baseline variant) to lists of TrainGroup.
 
     The model must already be on ``device``. Works for full models and peft LoRA models alike: only
-    parameters with requires_grad are optimized and clipped.
+    parameters with requires_grad are optimized and clipped. ``checkpoint_layers`` (the model's transformer
+    layers) switches on activation checkpointing; ``compute_dtype`` float16 switches on dynamic loss scaling
+    (bf16 and fp32 need none).
     """
 
     def __init__(
@@ -131,6 +145,8 @@ class GRPOTrainer:
         device: torch.device | str | None = None,
         lr_default: float | None = None,
         temperature: float = 1.0,
+        checkpoint_layers: Sequence[nn.Module] = (),
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         self.model = model
         # log pi_theta is taken at the sampling temperature (logits / T, as TRL and verl do), so that our own
@@ -143,8 +159,15 @@ class GRPOTrainer:
         self.lr = cfg.lr if cfg.lr is not None else (lr_default if lr_default is not None else DEFAULT_LR)
         self.optimizer = build_optimizer(self.params, cfg.optimizer, self.lr, cfg.weight_decay)
         self.steps_done = 0
+        self.token_budget = cfg.micro_batch_tokens  # halved when a step runs out of memory
+        self.checkpointing = LayerCheckpointing(checkpoint_layers) if checkpoint_layers else None
+        self.scaler = (torch.amp.GradScaler(self.device.type) if compute_dtype == torch.float16 else None)
         self._keep_name: str | None = None  # the forward's logits_to_keep argument, found on first use
         self._cache_in_name: str | None = None  # the forward's KV-cache argument, found on first use
+        self._share_ok = True  # false once a cache could not be made read-only under checkpointing
+        self._body, self._head = _body_and_head(model)
+        vocab = getattr(getattr(self._head, "weight", None), "shape", (0,))[0] or _vocab_size(model)
+        self.logits_chunk = cfg.logits_chunk_tokens or chunk_tokens(vocab)
 
     # ---- data -------------------------------------------------------------------------------------
 
@@ -173,22 +196,38 @@ class GRPOTrainer:
 
     def _micro_batches(self, n: int, seqs: list[TrainSequence]) -> list[list[int]]:
         """Indices grouped by prompt, then by similar length (less padding, and a group's completions share
-        one prompt forward); the order does not change the result."""
+        one prompt forward), cut so that each micro-batch's padded size, rows x (longest prompt + longest
+        completion), stays within the token budget (a longer sequence runs alone); the order does not change
+        the result."""
         order = sorted(range(n), key=lambda i: (seqs[i].prompt_len, seqs[i].ids[: seqs[i].prompt_len].tobytes(),
                                                 len(seqs[i].ids)))
-        mb = self.cfg.micro_batch_size
-        return [order[k : k + mb] for k in range(0, n, mb)]
+        cap = self.cfg.micro_batch_size or n
+        out: list[list[int]] = []
+        cur: list[int] = []
+        pmax = cmax = 0
+        for i in order:
+            p, c = seqs[i].prompt_len, seqs[i].completion_len
+            if cur and (len(cur) >= cap or (len(cur) + 1) * (max(pmax, p) + max(cmax, c)) > self.token_budget):
+                out.append(cur)
+                cur, pmax, cmax = [], 0, 0
+            cur.append(i)
+            pmax, cmax = max(pmax, p), max(cmax, c)
+        if cur:
+            out.append(cur)
+        return out
 
     def _forward_logp(self, seqs: list[TrainSequence]) -> tuple[Tensor, Tensor, Tensor]:
         """Completion-aligned log pi_theta [b, Cmax] (fp32 log-softmax), mask, behaviour log-probs.
 
-        Both paths run the output head (a 49k x 576 matmul on SmolLM2, ~20% of its forward) only on the
-        positions that predict completion tokens, never on prompt positions. When several sequences share a
+        The model's body gives the hidden states of the positions that predict completion tokens, and the
+        output head (a 49k x 576 matmul on SmolLM2, ~20% of its forward) runs only on those, never on a
+        prompt or padding position, a chunk at a time (training/logprobs.py). When several sequences share a
         prompt (a group's G completions) and the model can continue from a KV cache, each distinct prompt is
         run once and its keys and values are indexed out to its completions (`_forward_shared`): the
         gradient flows back through them, so the result is the same as one forward per sequence, at a
         fraction of the cost when prompts are longer than completions (chat templates). Otherwise every row
-        is run whole (`_forward_rows`).
+        is run whole (`_forward_rows`). A model whose head cannot run on its own (logit soft-capping or
+        scaling) computes its logits itself, and only the fp32 log-softmax is chunked.
         """
         b = len(seqs)
         cmax = max(s.completion_len for s in seqs)
@@ -205,23 +244,34 @@ class GRPOTrainer:
         dev = self.device
         row, j, target = torch.cat(rows).to(dev), torch.cat(js).to(dev), torch.cat(targets).to(dev)
         prompts = {s.ids[: s.prompt_len].tobytes() for s in seqs}
+        feats = None
         if len(prompts) < b and self._can_share_prompts():
-            logits = self._forward_shared(seqs, cmax)
+            feats = self._forward_shared(seqs, cmax)
+        if feats is None:
+            feats = self._forward_rows(seqs, cmax)
+        sel = feats[row, j]  # [tokens, H] (or [tokens, V]): only the positions predicting completion tokens
+        if self._head is not None:
+            lp = head_logprobs(sel, target, self._head, self.temperature, self.logits_chunk)
         else:
-            logits = self._forward_rows(seqs, cmax)
-        sel = logits[row, j].float()  # [tokens, V]: only completion positions
-        if self.temperature != 1.0:
-            sel = sel / self.temperature
-        lp = sel.gather(-1, target[:, None]).squeeze(-1) - torch.logsumexp(sel, dim=-1)
+            lp = logits_logprobs(sel, target, self.temperature, self.logits_chunk)
         logp = torch.zeros((b, cmax), dtype=torch.float32, device=dev).index_put((row, j), lp)
         return logp, mask.to(dev), beh.to(dev)
 
+    def _run(self, keep: int, **kwargs: object) -> tuple[Tensor, object]:
+        """One forward -> (the last `keep` positions' features [rows, keep, .], the output): hidden states of
+        the model's body when the head runs on its own, else the model's own logits."""
+        if self._head is not None:
+            out = self._body(**kwargs)
+            return out.last_hidden_state[:, -keep:], out
+        out = self.model(**kwargs, **self._keep_kwargs(keep))
+        return out.logits[:, -keep:], out
+
     def _forward_rows(self, seqs: list[TrainSequence], cmax: int) -> Tensor:
-        """Logits [b, Cmax, V] predicting each completion token, one whole row per sequence.
+        """Features [b, Cmax, .] predicting each completion token, one whole row per sequence.
 
         Prompts are left-padded and completions right-padded, so every row's completion starts at the same
-        column and `logits_to_keep` = Cmax + 1 keeps exactly the predicting positions. Position ids count real
-        tokens only, so the padding moves nothing.
+        column and the last Cmax + 1 columns, minus the last, are exactly the predicting positions. Position
+        ids count real tokens only, so the padding moves nothing.
         """
         b = len(seqs)
         pmax = max(s.prompt_len for s in seqs)
@@ -233,18 +283,19 @@ class GRPOTrainer:
             attn[r, pmax - p : pmax + c] = 1
         ids, attn = ids.to(self.device), attn.to(self.device)
         position_ids = (attn.cumsum(dim=1) - 1).clamp(min=0)
-        # logits at column pmax - 1 + j predict completion token j: the last cmax + 1 columns, minus the last
-        return self.model(
-            input_ids=ids, attention_mask=attn, position_ids=position_ids, use_cache=False,
-            **self._keep_kwargs(cmax + 1),
-        ).logits[:, -(cmax + 1) : -1]
+        # column pmax - 1 + j predicts completion token j: the last cmax + 1 columns, minus the last
+        feats, _ = self._run(cmax + 1, input_ids=ids, attention_mask=attn, position_ids=position_ids,
+                             use_cache=False)
+        return feats[:, :-1]
 
-    def _forward_shared(self, seqs: list[TrainSequence], cmax: int) -> Tensor:
-        """Logits [b, Cmax, V] as `_forward_rows`, with one forward per distinct prompt.
+    def _forward_shared(self, seqs: list[TrainSequence], cmax: int) -> Tensor | None:
+        """Features [b, Cmax, .] as `_forward_rows`, with one forward per distinct prompt (None: the cache
+        could not be made read-only for checkpointing; the caller runs the rows).
 
-        Distinct prompts (left-padded) run once with a cache; the last position's logits predict completion
-        token 0; the cache is indexed out to the b sequences (a differentiable gather) and the completions
-        (right-padded) run on top of it, their first Cmax - 1 positions predicting tokens 1..Cmax-1.
+        Distinct prompts (left-padded) run once with a cache, outside checkpointing (a rerun would write the
+        cache twice); the last position predicts completion token 0; the cache is indexed out to the b
+        sequences (a differentiable gather), made read-only, and the completions (right-padded) run on top of
+        it, their first Cmax - 1 positions predicting tokens 1..Cmax-1.
         """
         dev = self.device
         slot: dict[bytes, int] = {}
@@ -252,9 +303,13 @@ class GRPOTrainer:
         uniq: list[np.ndarray] = [np.empty(0)] * len(slot)
         for s, k in zip(seqs, owner, strict=True):
             uniq[k] = s.ids[: s.prompt_len]
-        out, cache, p_attn = self._prompt_forward(uniq)
+        with self._layers_plain():
+            last, cache, p_attn = self._prompt_forward(uniq)
         index = torch.tensor(owner, dtype=torch.long, device=dev)
         cache.batch_select_indices(index)
+        if not frozen_cache(cache) and self.checkpointing is not None:
+            self._share_ok = False
+            return None
         b = len(seqs)
         c_ids = torch.full((b, cmax), self.pad_token_id, dtype=torch.long)
         c_attn = torch.zeros((b, cmax), dtype=torch.long)
@@ -263,16 +318,20 @@ class GRPOTrainer:
             c_attn[r, : s.completion_len] = 1
         c_ids, c_attn = c_ids.to(dev), c_attn.to(dev)
         positions = p_attn.sum(1)[index][:, None] + torch.arange(cmax, device=dev)[None]
-        first = out.logits[:, -1][index][:, None]  # [b, 1, V]
+        first = last[index]  # [b, 1, .]
         if cmax == 1:
             return first
-        rest = self.model(input_ids=c_ids[:, : cmax - 1], attention_mask=torch.cat([p_attn[index], c_attn[:, : cmax - 1]], 1),
-                          position_ids=positions[:, : cmax - 1], use_cache=True, **{self._cache_in_name: cache},
-                          **self._keep_kwargs(cmax - 1)).logits
+        rest, _ = self._run(cmax - 1, input_ids=c_ids[:, : cmax - 1],
+                            attention_mask=torch.cat([p_attn[index], c_attn[:, : cmax - 1]], 1),
+                            position_ids=positions[:, : cmax - 1], use_cache=True, **{self._cache_in_name: cache})
         return torch.cat([first, rest], dim=1)
 
-    def _prompt_forward(self, prompts: list[np.ndarray]) -> tuple[object, object, Tensor]:
-        """Run distinct prompts with a cache -> (output, cache, attention mask [u, L]).
+    def _layers_plain(self) -> contextlib.AbstractContextManager:
+        """Forwards that write a KV cache run without checkpointing (a rerun would write it twice)."""
+        return self.checkpointing.paused() if self.checkpointing is not None else contextlib.nullcontext()
+
+    def _prompt_forward(self, prompts: list[np.ndarray]) -> tuple[Tensor, object, Tensor]:
+        """Run distinct prompts with a cache -> (last position's features [u, 1, .], cache, attention mask [u, L]).
 
         A prefix all of them share (the chat template's system turn) runs once, its cache repeated per prompt
         (differentiable, like the later gather), and the rest of each prompt runs on top, left-padded behind
@@ -283,8 +342,8 @@ class GRPOTrainer:
         cache, head, offset = None, torch.zeros((u, 0), dtype=torch.long, device=dev), 0
         if shared >= MIN_SHARED_PREFIX:
             prefix = torch.from_numpy(prompts[0][:shared])[None].to(dev)
-            first = self.model(input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True,
-                               position_ids=torch.arange(shared, device=dev)[None], **self._keep_kwargs(1))
+            _, first = self._run(1, input_ids=prefix, attention_mask=torch.ones_like(prefix), use_cache=True,
+                                 position_ids=torch.arange(shared, device=dev)[None])
             cache = getattr(first, self._cache_out_name(first))
             cache.batch_repeat_interleave(u)
             head, offset = torch.ones((u, shared), dtype=torch.long, device=dev), shared
@@ -297,18 +356,17 @@ class GRPOTrainer:
             rest[k, width - n :] = 1
         ids, rest = ids.to(dev), rest.to(dev)
         kwargs = {self._cache_in_name: cache} if cache is not None else {}
-        out = self.model(input_ids=ids, attention_mask=torch.cat([head, rest], 1), use_cache=True,
-                         position_ids=offset + (rest.cumsum(1) - 1).clamp(min=0), **kwargs, **self._keep_kwargs(1))
-        return out, getattr(out, self._cache_out_name(out)), torch.cat([head, rest], 1)
+        last, out = self._run(1, input_ids=ids, attention_mask=torch.cat([head, rest], 1), use_cache=True,
+                              position_ids=offset + (rest.cumsum(1) - 1).clamp(min=0), **kwargs)
+        return last, getattr(out, self._cache_out_name(out)), torch.cat([head, rest], 1)
 
     def _can_share_prompts(self) -> bool:
-        """Whether the model continues from a KV cache it returns (not under gradient checkpointing, which
-        turns the cache off): decided once per trainer from the forward's signature."""
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        if getattr(base, "is_gradient_checkpointing", False):
+        """Whether the model continues from a KV cache it returns: decided once per trainer from the forward's
+        signature (and off for good once a cache could not be made read-only under checkpointing)."""
+        if not self._share_ok:
             return False
         if self._cache_in_name is None:
-            names = set(inspect.signature(base.forward).parameters)
+            names = _forward_names(self._body if self._head is not None else self.model)
             self._cache_in_name = next((k for k in ("past_key_values", "cache") if k in names), "")
         return bool(self._cache_in_name)
 
@@ -324,8 +382,7 @@ class GRPOTrainer:
         """Ask the model for its last n positions' logits only, by the name its forward knows (transformers
         >= 4.50: logits_to_keep; 4.46-4.49: num_logits_to_keep); a model with neither computes them all."""
         if self._keep_name is None:
-            base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-            names = set(inspect.signature(base.forward).parameters)
+            names = _forward_names(self.model)
             self._keep_name = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in names), "")
         return {self._keep_name: n} if self._keep_name else {}
 
@@ -389,7 +446,7 @@ class GRPOTrainer:
                     filter_non_positive=cfg.filter_advantage == "non_positive",
                 )
                 if diag.n_kept > 0:
-                    loss.backward()
+                    (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
                 loss_sum += float(loss.detach())
                 detached = logp.detach()
                 for r, i in enumerate(idx):
@@ -427,7 +484,7 @@ class GRPOTrainer:
             return res
         old_logp: list[Tensor] | None = None
         for k in range(cfg.steps_per_round):
-            stats = self.accumulate_gradients(batch, old_logp)
+            stats = self._accumulate_within_memory(batch, old_logp, res)
             if k == 0:
                 _fill_first_pass(res, batch, stats)
                 if cfg.steps_per_round > 1:
@@ -439,22 +496,49 @@ class GRPOTrainer:
             if stats.n_kept == 0:
                 res.reason = "all sequences filtered"
                 break
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
             norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
             res.losses.append(stats.loss)
             res.grad_norms.append(norm)
             if not math.isfinite(norm):
                 self.optimizer.zero_grad(set_to_none=True)
+                if self.scaler is not None:  # fp16 overflow: a smaller loss scale next time
+                    self.scaler.update(self.scaler.get_scale() / 2)
                 res.reason = "non-finite gradient; step skipped"
                 break
-            self.optimizer.step()
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             res.optimizer_steps += 1
             self.steps_done += 1
         res.stepped = res.optimizer_steps > 0
+        res.micro_batch_tokens = self.token_budget
         if res.losses:
             res.loss, res.grad_norm = res.losses[0], res.grad_norms[0]
         res.seconds = time.perf_counter() - t0
         return res
+
+    def _accumulate_within_memory(self, batch: PreparedBatch, old_logp: list[Tensor] | None,
+                                  res: StepResult) -> PassStats:
+        """`accumulate_gradients`; out of memory halves the token budget and runs the pass again (the budget
+        stays halved: the card will not grow), until every micro-batch holds one sequence."""
+        while True:
+            try:
+                return self.accumulate_gradients(batch, old_logp)
+            except torch.OutOfMemoryError:
+                self.optimizer.zero_grad(set_to_none=True)  # a part of the pass may have added to .grad
+                _release_cached_memory(self.device)
+                n = len(batch.sequences)
+                if len(self._micro_batches(n, batch.sequences)) >= n:
+                    raise
+                self.token_budget = max(1, self.token_budget // 2)
+                res.oom_retries += 1
+                log.warning("out of memory in a training step; retrying with micro-batches of %d tokens "
+                            "(training.micro_batch_tokens)", self.token_budget)
 
     # ---- checkpointing -----------------------------------------------------------------------------
 
@@ -467,6 +551,47 @@ class GRPOTrainer:
         if self.cfg.lr is None and "lr" in state:
             self.lr = float(state["lr"])
         set_lr(self.optimizer, self.lr)
+
+
+def _release_cached_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _base(model: nn.Module) -> nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _forward_names(model: nn.Module) -> set[str]:
+    """The names the (underlying) model's forward accepts (a peft wrapper forwards **kwargs to it)."""
+    fwd = _base(model).forward if hasattr(model, "get_base_model") else model.forward
+    return set(inspect.signature(fwd).parameters)
+
+
+def _body_and_head(model: nn.Module) -> tuple[nn.Module | None, nn.Module | None]:
+    """(decoder body, output head) when the head is a plain map of the body's last hidden states, so that the
+    trainer can run it on completion positions alone, a chunk at a time; (None, None) for models that
+    post-process their logits (soft-capping, scaling), which then compute their logits themselves."""
+    base = _base(model)
+    cfg = getattr(base, "config", None)
+    if any(getattr(cfg, k, None) not in (None, 1, 1.0) for k in ("final_logit_softcapping", "logit_scale",
+                                                                  "logits_scaling", "output_multiplier_scale")):
+        return None, None
+    get_decoder, get_head = getattr(base, "get_decoder", None), getattr(base, "get_output_embeddings", None)
+    if get_decoder is None or get_head is None:
+        return None, None
+    try:
+        body, head = get_decoder(), get_head()
+    except (AttributeError, ValueError, NotImplementedError):
+        return None, None
+    if body is None or head is None or body is base:
+        return None, None
+    return body, head
+
+
+def _vocab_size(model: nn.Module) -> int:
+    cfg = getattr(_base(model), "config", None)
+    return int(getattr(cfg, "vocab_size", 0) or 0)
 
 
 def _shared_prefix(prompts: list[np.ndarray]) -> int:
