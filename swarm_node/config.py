@@ -52,7 +52,8 @@ class VLLMConfig(_Section):
     gpu_memory_utilization: float | None = Field(
         None, gt=0.0, lt=1.0, description="share of the GPU's memory the engine reserves for its weights + KV "
         "cache (training needs the rest); on the CPU build, the share of RAM for this whole process, the KV "
-        "cache getting what the process does not already use. None: 0.35 on a GPU; on CPU kv_cache_gib decides")
+        "cache getting what the process does not already use. None: on a GPU, the engine's part of the memory "
+        "plan (`swarm-node plan`: its weights, one round's KV cache, overhead); on CPU kv_cache_gib decides")
     kv_cache_gib: float | None = Field(
         None, gt=0.0, description="KV cache size in GiB, instead of sizing it from gpu_memory_utilization. "
         "None: 1 GiB on CPU (unless gpu_memory_utilization is set), the share on a GPU")
@@ -65,6 +66,10 @@ class VLLMConfig(_Section):
         "merge", description="LoRA models: fold the adapter into the weights sent to the engine (merge), or "
         "serve it as a vLLM LoRA adapter (adapter, needs a vLLM build with LoRA support)")
     max_lora_rank: int = Field(64, ge=1, description="lora_sync=adapter: largest adapter rank the engine accepts")
+    sleep: bool | None = Field(
+        None, description="CUDA: the engine sleeps during the training step (its KV cache and weights give the "
+        "card back to the trainer) and wakes for the weight sync; None: on with CUDA, off on CPU (vLLM's CPU "
+        "build has no sleep mode) and with pipeline (which samples while the step runs)")
 
 
 class GenerationConfig(_Section):
@@ -338,6 +343,9 @@ class NodeConfig(_Section):
                                 "torch's default (or OMP_NUM_THREADS). On a busy CPU 1 thread can beat 2 by far")
     pipeline: bool = Field(False, description="GRPO: sample round r+1 in the background while round r trains "
                            "(its own samples are then one policy version stale, corrected by F-TIS like a peer's)")
+    memory_check: bool = Field(True, description="GRPO: refuse to start when `swarm-node plan` predicts that a round "
+                               "does not fit the device (one line naming the setting that makes it fit); false: "
+                               "start anyway")
     model: ModelConfig = ModelConfig()
     generation: GenerationConfig = GenerationConfig()
     task: TaskConfig = TaskConfig()

@@ -1,8 +1,10 @@
 """Greedy held-out evaluation: the accuracy the node logs, `swarm-node eval` prints and the preset factory
 measures during warm-up.
 
-Always the transformers backend, so a number means the same on every machine and backend: prompt text
-without special tokens, greedy decode, `task.is_correct` on the decoded completion. Tasks with parts
+The transformers backend by default: prompt text without special tokens, greedy decode, `task.is_correct` on
+the decoded completion. A vLLM node evaluates through its own engine instead (200 prompts x 512 tokens take
+minutes through transformers on a GPU); greedy decoding gives the same completions up to ties and the
+engine's precision (tests/test_vllm_node.py compares them). Tasks with parts
 (arithmetic's operators and signed format, reasoning-gym's datasets, a files task's part field) also get an
 accuracy per part; the union's accuracy is their mean weighted by each part's problem count.
 """
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from swarm_node.generation.base import Generator
 from swarm_node.generation.hf import TransformersGenerator, completion_text
 from swarm_node.generation.stops import stop_token_ids
 from swarm_node.tasks.base import Prompt, Task
@@ -28,15 +31,17 @@ def score_prompts(
     max_new_tokens: int,
     batch_size: int = 256,
     encode: Callable[[str], list[int]] | None = None,
+    generator: Generator | None = None,
 ) -> tuple[list[bool], list[float]]:
     """(correct, reward) of the greedy completion of each prompt.
 
     `encode` turns prompt text into ids as the node does (chat template, length cap); default: plain text.
-    The model stops at any of its stop ids (generation_config's EOS ids, or the tokenizer's).
+    The model stops at any of its stop ids (generation_config's EOS ids, or the tokenizer's). `generator`:
+    decode with it (a vLLM node's engine) instead of a transformers generator on `model`.
     """
     if not prompts:
         return [], []
-    gen = TransformersGenerator(
+    gen = generator or TransformersGenerator(
         model, eos_token_id=stop_token_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id,
         batch_size=batch_size,
     )
@@ -67,6 +72,7 @@ def evaluate(
     max_new_tokens: int,
     batch_size: int = 256,
     encode: Callable[[str], list[int]] | None = None,
+    generator: Generator | None = None,
 ) -> dict:
     """Greedy exact-match accuracy on the first n prompts of `split`, with mean reward and timing.
 
@@ -75,7 +81,7 @@ def evaluate(
     """
     t0 = time.perf_counter()
     prompts = task.eval_prompts(split, n)
-    hits, rewards = score_prompts(model, tokenizer, task, prompts, max_new_tokens, batch_size, encode)
+    hits, rewards = score_prompts(model, tokenizer, task, prompts, max_new_tokens, batch_size, encode, generator)
     result = {
         "accuracy": float(np.mean(hits)) if hits else 0.0,
         "n": len(prompts),

@@ -147,7 +147,7 @@ def test_a_prefix_shared_by_all_prompts_runs_once_with_the_same_gradient():
         with_behaviour(trainer, groups, shift=-0.2)
         seen_inputs: list[tuple[int, ...]] = []
         hook = model.get_decoder().register_forward_pre_hook(
-            lambda _m, args, kwargs: seen_inputs.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+            lambda _m, args, kwargs, seen=seen_inputs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
         try:
             got = trainer.completion_logprobs(groups)
         finally:

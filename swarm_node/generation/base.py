@@ -72,3 +72,13 @@ class Generator(ABC):
         its own copy of the weights (vLLM) overrides it, or it would keep sampling from a stale policy.
         """
         return None
+
+    def release(self) -> None:
+        """Give memory back before a training step (vLLM on a GPU: sleep mode); `resume` undoes it."""
+        return None
+
+    def resume(self, model: Any, changed: bool = True) -> None:
+        """After a training step: take the memory back and, if the step `changed` the model (or the release
+        dropped the weights), its weights."""
+        if changed:
+            self.sync_weights(model)

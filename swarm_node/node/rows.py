@@ -130,6 +130,9 @@ class GRPORow(RoundRow):
     eval_n_parts: dict[str, int] | None = field(default=None, metadata=OPTIONAL)
     task_mix: dict[str, float] | None = field(default=None, metadata=OPTIONAL)  # round 0: this node's local mix
     time_split_s: dict[str, float] | None = field(default=None, metadata=OPTIONAL)  # node/timing.py phases
+    oom_retries: int | None = field(default=None, metadata=OPTIONAL)  # out-of-memory retries of the step (if any)
+    micro_batch_tokens: int | None = field(default=None, metadata=OPTIONAL)  # the token budget, once OOM halved it
+    engine_s: dict[str, float] | None = field(default=None, metadata=OPTIONAL)  # vLLM: sleep, wake, sync seconds
 
     @classmethod
     def initial(cls, eval_keys: dict, model: dict, task_id: str, task_mix: dict | None = None) -> GRPORow:

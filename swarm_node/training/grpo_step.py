@@ -196,22 +196,31 @@ class GRPOTrainer:
 
     def _micro_batches(self, n: int, seqs: list[TrainSequence]) -> list[list[int]]:
         """Indices grouped by prompt, then by similar length (less padding, and a group's completions share
-        one prompt forward), cut so that each micro-batch's padded size, rows x (longest prompt + longest
-        completion), stays within the token budget (a longer sequence runs alone); the order does not change
-        the result."""
+        one prompt forward), cut so that the tokens each micro-batch's forwards run stay within the token
+        budget (a longer sequence runs alone); the order does not change the result.
+
+        The tokens a forward runs: distinct prompts x the longest prompt + rows x the longest completion when
+        prompts are shared, rows x (longest prompt + longest completion) when every row runs whole."""
         order = sorted(range(n), key=lambda i: (seqs[i].prompt_len, seqs[i].ids[: seqs[i].prompt_len].tobytes(),
                                                 len(seqs[i].ids)))
+        share = self._can_share_prompts()
         cap = self.cfg.micro_batch_size or n
         out: list[list[int]] = []
         cur: list[int] = []
+        prompts: set[bytes] = set()
         pmax = cmax = 0
         for i in order:
-            p, c = seqs[i].prompt_len, seqs[i].completion_len
-            if cur and (len(cur) >= cap or (len(cur) + 1) * (max(pmax, p) + max(cmax, c)) > self.token_budget):
+            s = seqs[i]
+            key = s.ids[: s.prompt_len].tobytes()
+            p, c = max(pmax, s.prompt_len), max(cmax, s.completion_len)
+            rows, distinct = len(cur) + 1, len(prompts | {key})
+            cost = distinct * p + rows * c if share else rows * (p + c)
+            if cur and (len(cur) >= cap or cost > self.token_budget):
                 out.append(cur)
-                cur, pmax, cmax = [], 0, 0
+                cur, prompts, p, c = [], set(), s.prompt_len, s.completion_len
             cur.append(i)
-            pmax, cmax = max(pmax, p), max(cmax, c)
+            prompts.add(key)
+            pmax, cmax = p, c
         if cur:
             out.append(cur)
         return out
