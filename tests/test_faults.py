@@ -175,6 +175,71 @@ def test_disk_full_while_checkpointing_keeps_the_node_training(presets: Path, tm
         subprocess.run(["umount", "-l", str(state)], capture_output=True, timeout=10)
 
 
+@pytest.mark.parametrize("keep", [1, 2])
+def test_sigkill_then_a_torn_checkpoint_resumes_from_the_newest_readable_and_loses_no_later_round(
+        presets: Path, tmp_path: Path, keep: int) -> None:
+    """Kill and corrupt on real GRPO processes: a node checkpointing every round is SIGKILLed once it has two
+    checkpoints, and the newest one's optimizer.pt is cut in half (a power loss). The restart sets it aside in
+    one line, resumes from the one before (keep 2) or from the model as loaded (keep 1: nothing readable
+    left, and it stops short of the bad round); a second restart continues right after that, so no round
+    trained since the first restart was lost (before: with keep 1 every later save pruned the checkpoint it
+    had just written, and the second restart began at round 0 again)."""
+    import os
+
+    from swarm_node.node.checkpoint import latest_checkpoint, list_checkpoints
+    from tests.test_checkpoint import corrupt
+
+    ov = {"rounds": None, "swarm.enabled": False, "task.prompts_per_round": 4, "task.eval_n": 10,
+          "metrics.eval_every": 1000, "checkpoint.every_rounds": 1, "checkpoint.keep": keep}
+    cfg = write_peer_config(ROOT / "peers" / "tiny-s.yaml", tmp_path / "node.yaml", ov)
+    peer = Peer(name="node", config=cfg, state_dir=tmp_path / "node")
+
+    def has_two_rounds() -> bool:  # `keep` checkpoints (the older ones pruned), the newest of round 2 or later
+        cks = list_checkpoints(peer.state_dir)
+        return len(cks) == keep and cks[-1].round >= 2
+
+    peer.start(None)
+    try:
+        end = time.monotonic() + 240
+        while not has_two_rounds():
+            assert peer.running() and time.monotonic() < end, _tail(peer.log_path)
+            time.sleep(0.05)
+        os.killpg(peer.proc.pid, signal.SIGKILL)
+        peer.proc.wait(10)
+    finally:
+        if peer.running():
+            stop_process(peer.proc, grace_s=5)
+    bad = latest_checkpoint(peer.state_dir)  # the kill may land in a later save: its .tmp- copy is no checkpoint
+    corrupt(bad.path, "torn_optimizer")
+    before_bad = [c.round for c in list_checkpoints(peer.state_dir) if c.round < bad.round]
+    resumed = before_bad[-1] if before_bad else None  # keep 1: None, unless the kill landed before a prune
+
+    def run_to(rounds: int) -> str:
+        start = len(peer.log_path.read_text())
+        peer.extra_args = ["--set", f"rounds={rounds}"]
+        peer.start(None)
+        try:
+            assert peer.proc.wait(300) == 0, _tail(peer.log_path)
+        finally:
+            if peer.running():
+                stop_process(peer.proc, grace_s=5)
+        text = peer.log_path.read_text()[start:]
+        assert "Traceback" not in text, text[-3000:]
+        return text
+
+    # from round 0: stop short of the bad round (a re-save of it would replace it); else train through it
+    last = bad.round - 1 if resumed is None else bad.round
+    text = run_to(last)
+    assert text.count(f"set aside as {bad.path.name}.unreadable") == 1, text[-3000:]
+    assert (f"ckpt-{resumed:08d}: continuing at round {resumed + 1}" if resumed is not None
+            else "starting at round 0") in text, text[-3000:]
+    assert [c.round for c in list_checkpoints(peer.state_dir)] == list(range(last - keep + 1, last + 1))
+    text = run_to(last + 1)
+    assert f"continuing at round {last + 1}" in text, text[-3000:]
+    assert [x["round"] for x in read_metrics(peer.metrics)] == list(range(last + 2))
+    assert (peer.state_dir / f"{bad.path.name}.unreadable").is_dir()
+
+
 # ---- SIGKILL of a peer while we download its blob -----------------------------------------------------
 
 VICTIM = '''
