@@ -131,3 +131,28 @@ def test_a_round_row_carries_its_time_split(tmp_path):
     assert 0 <= split["exchange"] < 0.5, split  # no swarm: nothing to publish or take
     assert sum(split.values()) <= wall + 1e-3, (split, wall)
     assert split["train"] == pytest.approx(row["train_s"], abs=1e-3)
+
+
+@pytest.mark.parametrize("resume_at", [3, 10])  # the checkpoint's round: at, and past, the last whole row
+@pytest.mark.parametrize("tail", ['{"round": 4, "rewa', '{"round": 4}'])  # cut mid-row, or just before "\n"
+def test_a_torn_last_line_is_cut_on_resume_so_the_next_row_stands_alone(tmp_path, resume_at, tail, caplog):
+    """A crash mid-append leaves a last line without its newline. Resuming at or past the last whole row used
+    to leave it, and the next row was glued onto it: both lost to every reader."""
+    w = MetricsWriter(tmp_path)
+    for r in range(4):
+        w.write({"round": r})
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "a") as fh:
+        fh.write(tail)
+    before = path.read_text()
+    with caplog.at_level(logging.WARNING, logger="swarm_node.node.metrics"):
+        MetricsWriter(tmp_path).truncate_after(resume_at)
+    kept_tail = tail.endswith("}") and resume_at >= 4  # a whole row that only lacked its newline stays
+    MetricsWriter(tmp_path).write({"round": 5 if kept_tail else 4})
+    text = path.read_text()
+    assert text.endswith("\n") and [json.loads(ln)["round"] for ln in text.splitlines()] == \
+        ([0, 1, 2, 3, 4, 5] if kept_tail else [0, 1, 2, 3, 4])
+    backups = list(tmp_path.glob("metrics.jsonl.*.bak"))
+    assert len(backups) == 1 and backups[0].read_text() == before  # nothing lost
+    dropped = tail.endswith("}") and resume_at < 4  # a whole row 4 past the checkpoint: dropped as before
+    assert any(("dropped 1 metrics.jsonl rows" if dropped else "cut short") in r.getMessage() for r in caplog.records)

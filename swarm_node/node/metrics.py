@@ -75,7 +75,9 @@ class MetricsWriter:
         return cls(state_dir, m.prometheus_port, node_name, prometheus_host=m.prometheus_host, trackers=trackers)
 
     def truncate_after(self, round_: int) -> None:
-        """On (re)start: drop rows of rounds that the restored checkpoint does not contain (all rows: -1).
+        """On (re)start: drop rows of rounds that the restored checkpoint does not contain (all rows: -1), and a
+        last line cut short by a crash (one that parses is kept, with its newline), so the next row starts on
+        a line of its own.
 
         Nothing is lost: the whole previous file is kept beside it first, and the move is logged.
         """
@@ -83,7 +85,8 @@ class MetricsWriter:
             return
         rows = read_metrics(self.path)
         keep = [r for r in rows if r.get("round", 0) <= round_]
-        if len(keep) == len(rows):
+        torn = _ends_mid_line(self.path)
+        if len(keep) == len(rows) and not torn:
             return
         backup = self.path.with_name(f"metrics.jsonl.{time.strftime('%Y%m%d-%H%M%S')}.bak")
         n = 1
@@ -94,12 +97,15 @@ class MetricsWriter:
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         os.replace(tmp, self.path)
-        if round_ < 0:
+        if round_ < 0 and rows:
             log.warning("no checkpoint to resume from in %s: starting at round 0; the %d rows of the previous run "
                         "were moved out of metrics.jsonl into %s", self.path.parent, len(rows), backup.name)
-        else:
+        elif len(keep) < len(rows):
             log.warning("resuming at round %d: dropped %d metrics.jsonl rows of later rounds (not in the checkpoint); "
                         "the previous file is kept as %s", round_, len(rows) - len(keep), backup.name)
+        else:
+            log.warning("metrics.jsonl ended in a line cut short (a crash while it was written): it now ends at "
+                        "the last whole row; the previous file is kept as %s", backup.name)
 
     def write(self, row: Mapping[str, Any]) -> None:
         """Append a round's row (a node.rows row, or a plain dict) and mirror it."""
@@ -155,6 +161,16 @@ class MetricsWriter:
                 self._metric("counter", name, f"total of the per-round {key}").labels(node).inc(max(0, value))
             else:
                 self._metric("gauge", name, f"last round's {key}").labels(node).set(float(value))
+
+
+def _ends_mid_line(path: Path) -> bool:
+    """The file's last byte is not a newline (a write was cut short)."""
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() == 0:
+            return False
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) != b"\n"
 
 
 def read_metrics(path: Path, warn: bool = True) -> list[dict]:
