@@ -12,6 +12,7 @@ from swarm_node.node.checkpoint import (
     remove_partial,
     save_checkpoint,
 )
+from tests.tooling.full_disk import mount_tmpfs
 
 
 def test_resaving_a_round_replaces_it_whole(tmp_path):
@@ -120,17 +121,6 @@ def test_a_crash_between_the_renames_of_a_resave_keeps_the_good_copy(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def _mount_tmpfs(path, size: str) -> bool:
-    import subprocess
-
-    path.mkdir(parents=True, exist_ok=True)
-    try:
-        return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                              capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def test_real_enospc_on_a_tiny_filesystem(tmp_path):
     """The same on a real full disk (a 600 KiB tmpfs, needs root: skipped otherwise): the first checkpoint fits,
     the second fails half way in the weights writer with the kernel's ENOSPC."""
@@ -139,7 +129,7 @@ def test_real_enospc_on_a_tiny_filesystem(tmp_path):
     from swarm_node.node import checkpoint as ck
 
     disk = tmp_path / "disk"
-    if not _mount_tmpfs(disk, "600k"):
+    if not mount_tmpfs(disk, "600k"):
         pytest.skip("cannot mount a tmpfs (not root)")
     try:
         m = torch.nn.Linear(384, 384)  # ~580 KiB of float32 weights + bias
