@@ -52,7 +52,8 @@ class MetricsWriter:
     """Appends one JSON row per round to STATE_DIR/metrics.jsonl and mirrors it to Prometheus and trackers."""
 
     def __init__(self, state_dir: Path, prometheus_port: int | None = None, node_name: str = "node", *,
-                 prometheus_host: str = "127.0.0.1", trackers: list | None = None):
+                 prometheus_host: str = "127.0.0.1", trackers: list | None = None,
+                 allowed_hosts: list[str] | tuple[str, ...] = ()):
         self.path = Path(state_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.node_name = node_name
@@ -76,9 +77,10 @@ class MetricsWriter:
             # /metrics beside the dashboard page of this state dir at / (swarm_node.dashboard)
             self._server, self.page_url = serve_dirs(
                 [self.path.parent], prometheus_port, host=prometheus_host, title=node_name,
-                what="metrics.prometheus_port", metrics_app=prom.make_wsgi_app(self._registry))
-            log.info("serving the dashboard page at %s and Prometheus metrics at %smetrics", self.page_url,
-                     self.page_url)
+                what="metrics.prometheus_port", metrics_app=prom.make_wsgi_app(self._registry),
+                allowed_hosts=allowed_hosts)
+            log.info("serving the dashboard page at %s and Prometheus metrics at %smetrics%s", self.page_url,
+                     self.page_url, " (every interface)" if prometheus_host in ("0.0.0.0", "::", "") else "")
             self._prom.Info("swarm_node", "node this endpoint belongs to", registry=self._registry).info(
                 {"node": node_name})
 
@@ -91,7 +93,8 @@ class MetricsWriter:
         trackers = make_trackers(m.report_to, Path(state_dir), node_name=node_name,
                                  tensorboard_dir=m.tensorboard_dir, wandb_project=m.wandb_project,
                                  config=cfg.model_dump(mode="json")) if m.report_to else []
-        return cls(state_dir, m.prometheus_port, node_name, prometheus_host=m.prometheus_host, trackers=trackers)
+        return cls(state_dir, m.prometheus_port, node_name, prometheus_host=m.prometheus_host, trackers=trackers,
+                   allowed_hosts=m.allowed_hosts)
 
     def truncate_after(self, round_: int) -> None:
         """On (re)start: drop rows of rounds that the restored checkpoint does not contain (all rows: -1), and a
