@@ -50,7 +50,7 @@ fi
 if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   if [ "$HAS_GPU" = 1 ]; then
     echo "[setup] GPU found: installing the CUDA build of torch"
-    $PIP install "torch>=2.3"
+    $PIP install "torch>=2.10"
   elif [ -n "${SWARM_NODE_TORCH_INDEX:-}" ]; then
     echo "[setup] no GPU: installing torch from $SWARM_NODE_TORCH_INDEX"
     $PIP install torch==2.13.0 --index-url "$SWARM_NODE_TORCH_INDEX"

@@ -319,6 +319,10 @@ class MetricsConfig(_Section):
     prometheus_port: int | None = Field(None, ge=1, le=65535, description="serve /metrics on this port (opt-in)")
     prometheus_host: str = Field("127.0.0.1", description="address /metrics listens on; 0.0.0.0 exposes it on "
                                  "every interface")
+    allowed_hosts: list[str] = Field([], description="host names /metrics and the page answer to besides "
+                                     "localhost, IP addresses, prometheus_host and (bound to 0.0.0.0) this machine's "
+                                     "names: a request naming any other host is refused (421), so a web page cannot "
+                                     "read them by DNS rebinding")
     report_to: list[Literal["tensorboard", "wandb"]] = Field(
         [], description="also log every metrics.jsonl row to these trackers (needs the [trackers] extra); "
         "\"all\" and \"none\" are accepted, as in TRL")

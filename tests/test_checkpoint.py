@@ -12,6 +12,7 @@ from swarm_node.node.checkpoint import (
     remove_partial,
     save_checkpoint,
 )
+from tests.tooling.full_disk import mount_tmpfs
 
 
 def test_resaving_a_round_replaces_it_whole(tmp_path):
@@ -76,6 +77,9 @@ def test_a_save_that_fails_half_way_leaves_the_previous_checkpoint(tmp_path, mon
     assert "ckpt-00000001 (round 1) is still the one to resume from" in line and "\n" not in line
 
     class Trainer:
+        def state_dict(self):
+            return {}
+
         def load_state_dict(self, state):
             self.state = state
 
@@ -117,17 +121,6 @@ def test_a_crash_between_the_renames_of_a_resave_keeps_the_good_copy(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def _mount_tmpfs(path, size: str) -> bool:
-    import subprocess
-
-    path.mkdir(parents=True, exist_ok=True)
-    try:
-        return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                              capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def test_real_enospc_on_a_tiny_filesystem(tmp_path):
     """The same on a real full disk (a 600 KiB tmpfs, needs root: skipped otherwise): the first checkpoint fits,
     the second fails half way in the weights writer with the kernel's ENOSPC."""
@@ -136,7 +129,7 @@ def test_real_enospc_on_a_tiny_filesystem(tmp_path):
     from swarm_node.node import checkpoint as ck
 
     disk = tmp_path / "disk"
-    if not _mount_tmpfs(disk, "600k"):
+    if not mount_tmpfs(disk, "600k"):
         pytest.skip("cannot mount a tmpfs (not root)")
     try:
         m = torch.nn.Linear(384, 384)  # ~580 KiB of float32 weights + bias
@@ -153,3 +146,124 @@ def test_real_enospc_on_a_tiny_filesystem(tmp_path):
         assert [c.round for c in ck.list_checkpoints(disk)] == [1, 3]
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True, timeout=10)
+
+
+# ---- unreadable checkpoints: set aside, never outranking or outliving later rounds ---------------------
+
+def corrupt(ckpt_dir, kind: str) -> None:
+    """Make one file of a checkpoint unreadable the way a crash, a power loss or a bad disk does."""
+    def tear(name: str) -> None:
+        f = ckpt_dir / name
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+
+    if kind == "torn_optimizer":
+        tear("optimizer.pt")
+    elif kind == "torn_weights":
+        tear("model.safetensors")
+    elif kind == "torn_rng":
+        tear("rng.pt")
+    elif kind == "missing_weights":
+        (ckpt_dir / "model.safetensors").unlink()
+    elif kind == "missing_meta":
+        (ckpt_dir / "meta.json").unlink()
+    elif kind == "garbled_meta":
+        tear("meta.json")
+    elif kind == "meta_of_another_round":
+        import json
+
+        meta = json.loads((ckpt_dir / "meta.json").read_text())
+        (ckpt_dir / "meta.json").write_text(json.dumps({**meta, "round": meta["round"] + 100}))
+    else:
+        raise ValueError(kind)
+
+
+CORRUPTIONS = ["torn_optimizer", "torn_weights", "torn_rng", "missing_weights", "missing_meta", "garbled_meta",
+               "meta_of_another_round"]
+
+
+class AdamTrainer:
+    """A real torch optimizer behind the trainer interface the loop uses (state_dict / load_state_dict)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+        self.steps_done = 0
+
+    def step(self, model: torch.nn.Module) -> None:
+        model(torch.ones(1, model.in_features)).sum().backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.steps_done += 1
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "steps_done": self.steps_done}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps_done = int(state["steps_done"])
+
+
+def _trained_checkpoints(state_dir, rounds) -> dict[int, torch.Tensor]:
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 3)
+    tr = AdamTrainer(m)
+    weights = {}
+    for r in rounds:
+        tr.step(m)
+        save_checkpoint(state_dir, r, m, tr.state_dict(), {}, "fp", keep=10)
+        weights[r] = m.weight.detach().clone()
+    return weights
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_an_unreadable_newest_checkpoint_is_set_aside_and_changes_nothing(tmp_path, kind, caplog):
+    """The newest of two checkpoints is unreadable: restore_newest sets it aside as .unreadable with one
+    warning naming the file, and restores the one before, whole (weights, optimizer, steps)."""
+    from swarm_node.node.checkpoint import restore_newest
+
+    weights = _trained_checkpoints(tmp_path, [1, 2])
+    corrupt(tmp_path / "ckpt-00000002", kind)
+    torch.manual_seed(1)
+    fresh = torch.nn.Linear(4, 3)
+    tr = AdamTrainer(fresh)
+    with caplog.at_level("WARNING", logger="swarm_node.node.checkpoint"):
+        got = restore_newest(tmp_path, fresh, tr, "fp")
+    assert got is not None and got.round == 1
+    assert torch.equal(fresh.weight, weights[1]) and tr.steps_done == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000001", "ckpt-00000002.unreadable"]
+    lines = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert len(lines) == 1 and "set aside as ckpt-00000002.unreadable" in lines[0], lines
+    assert [c.round for c in list_checkpoints(tmp_path)] == [1]  # the set-aside copy is no checkpoint
+
+
+@pytest.mark.parametrize("kind", ["torn_optimizer", "torn_rng", "optimizer_of_another_model"])
+def test_an_unreadable_only_checkpoint_leaves_the_model_and_trainer_as_loaded(tmp_path, kind):
+    """Nothing readable (keep 1, or a first checkpoint): None, and neither the weights nor the optimizer of the
+    bad checkpoint are left behind in the model (the run starts at round 0 from the model as loaded)."""
+    from swarm_node.node.checkpoint import restore_newest
+
+    weights = _trained_checkpoints(tmp_path, [3])
+    if kind == "optimizer_of_another_model":  # reads, but the trainer cannot take it after half of it is applied
+        bad = {"optimizer": AdamTrainer(torch.nn.Linear(4, 3)).state_dict()["optimizer"], "steps_done": "x"}
+        torch.save(bad, tmp_path / "ckpt-00000003" / "optimizer.pt")
+    else:
+        corrupt(tmp_path / "ckpt-00000003", kind)
+    torch.manual_seed(1)
+    fresh = torch.nn.Linear(4, 3)
+    as_loaded = fresh.weight.detach().clone()
+    tr = AdamTrainer(fresh)
+    assert restore_newest(tmp_path, fresh, tr, "fp") is None
+    assert torch.equal(fresh.weight, as_loaded) and not torch.equal(fresh.weight, weights[3])
+    assert tr.steps_done == 0 and not tr.optimizer.state_dict()["state"]
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt-00000003.unreadable"]
+
+
+@pytest.mark.parametrize("keep", [1, 2])
+def test_a_save_never_prunes_the_checkpoint_it_has_just_written(tmp_path, keep):
+    """An older run's checkpoint of a higher round (one that could not even be set aside) does not outrank
+    the rounds trained now: each save keeps what it wrote, prunes that one first, and keeps `keep` in all."""
+    m = torch.nn.Linear(3, 2)
+    save_checkpoint(tmp_path, 9, m, {}, {}, "fp", keep=keep)
+    for r in (1, 2, 3):
+        save_checkpoint(tmp_path, r, m, {}, {}, "fp", keep=keep)
+        assert r in [c.round for c in list_checkpoints(tmp_path)]
+    assert [c.round for c in list_checkpoints(tmp_path)] == ([3] if keep == 1 else [2, 3])

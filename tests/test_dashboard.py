@@ -295,6 +295,104 @@ def test_node_metrics_port_serves_the_page_beside_metrics(tmp_path):
         w.close()
 
 
+def _get_as(url: str, host: str | None) -> int:
+    """Status of a GET of `url` with this Host header (None: none at all), as a DNS-rebinding page's request
+    reaches the server: the browser connects to our address but names the attacker's host."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+    try:
+        conn.putrequest("GET", u.path or "/", skip_host=True)
+        if host is not None:
+            conn.putheader("Host", host)
+        conn.endheaders()
+        res = conn.getresponse()
+        res.read()
+        return res.status
+    finally:
+        conn.close()
+
+
+def test_a_request_naming_another_host_is_refused_so_dns_rebinding_reads_nothing(tmp_path, caplog):
+    """/api/data (paths, peer ids) and /metrics answer only to hosts the server is reached by: localhost,
+    IP addresses, the bound name, configured names. Another name (what a rebinding page sends) gets 421."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    w = MetricsWriter(tmp_path / "me", prometheus_port=port, node_name="me", allowed_hosts=["scrape.example"])
+    try:
+        w.write(grpo_rows(1, "me")[0])
+        url = w.page_url
+        for path in ("api/data", "metrics", ""):
+            assert _get_as(url + path, f"attacker.example:{port}") == 421, path
+            assert _get_as(url + path, "attacker.example") == 421, path
+        assert _get_as(url + "api/data", f"localhost.attacker.example:{port}") == 421
+        assert _get_as(url + "api/data", "127.0.0.1:80@attacker.example") == 421  # malformed: refused
+        for ok in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST.", f"[::1]:{port}", f"10.1.2.3:{port}",
+                   f"scrape.example:{port}", None):
+            assert _get_as(url + "api/data", ok) == 200, ok
+            assert _get_as(url + "metrics", ok) == 200, ok
+    finally:
+        w.close()
+    refused = [r.getMessage() for r in caplog.records if "refused a request for host" in r.getMessage()]
+    assert len(refused) == 4, refused  # once per distinct host
+
+
+def test_half_open_connections_are_closed_and_cannot_grow_threads(tmp_path, monkeypatch, capfd):
+    """Clients that connect and send nothing: each is closed after the request timeout (no traceback), and
+    beyond MAX_CONNECTIONS a new one is closed at once, so the server's threads stay bounded."""
+    import threading
+
+    from swarm_node.dashboard import server as srv
+
+    monkeypatch.setattr(srv._QuietHandler, "timeout", 2.0)
+    monkeypatch.setattr(srv, "MAX_CONNECTIONS", 8)
+    write(tmp_path / "metrics.jsonl", grpo_rows(2))
+    server, url = serve_dirs([tmp_path], 0, what="test")
+    port = server.server_address[1]
+    base = threading.active_count()
+    socks = []
+    try:
+        for _ in range(20):
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        time.sleep(0.5)
+        assert threading.active_count() <= base + 8  # no more than the cap, however many connect
+        assert server.turned_away == 12
+        for s in socks[8:]:  # turned away at once: the server closed them
+            assert s.recv(1) == b""
+        end = time.monotonic() + 10
+        while threading.active_count() > base and time.monotonic() < end:
+            time.sleep(0.1)
+        assert threading.active_count() <= base  # the timeout closed the silent ones and ended their threads
+        for s in socks[:8]:
+            assert s.recv(1) == b""
+        assert get(url + "api/data")[0] == 200  # and it serves again
+    finally:
+        for s in socks:
+            s.close()
+        stop(server)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_bound_to_every_interface_the_address_shown_is_the_real_one(tmp_path, caplog):
+    """0.0.0.0 exposes the page and /metrics on every interface: the URL and the log line say so (they
+    said 127.0.0.1)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with caplog.at_level("INFO", logger="swarm_node.node.metrics"):
+        w = MetricsWriter(tmp_path, prometheus_port=port, prometheus_host="0.0.0.0")
+    try:
+        assert w.page_url == f"http://0.0.0.0:{port}/"
+        assert any(f"0.0.0.0:{port}" in r.getMessage() and "every interface" in r.getMessage() for r in caplog.records)
+        assert _get_as(f"http://127.0.0.1:{port}/api/data", f"{socket.gethostname()}:{port}") == 200  # its own name
+        assert _get_as(f"http://127.0.0.1:{port}/api/data", "attacker.example") == 421
+    finally:
+        w.close()
+
+
 # ---- the command --------------------------------------------------------------------------------------------
 
 

@@ -12,12 +12,13 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from swarm_node.node.metrics import read_metrics
 from swarm_node.runs.local_swarm import Peer, child_env, cli, stop_process, write_peer_config
-from tests.test_checkpoint import _mount_tmpfs  # the same tmpfs helper for the real-ENOSPC tests
+from tests.tooling.full_disk import FileSizeLimit, TmpfsDisk, mount_tmpfs
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -138,7 +139,7 @@ def test_disk_full_while_checkpointing_keeps_the_node_training(presets: Path, tm
     from swarm_node.node.grpo_node import GRPONode
 
     state = tmp_path / "disk"
-    if not _mount_tmpfs(state, "6m"):
+    if not mount_tmpfs(state, "6m"):
         pytest.skip("cannot mount a tmpfs (not root)")
     try:
         ov = {"rounds": 4, "swarm.enabled": False, "task.prompts_per_round": 4, "task.eval_n": 10,
@@ -173,6 +174,157 @@ def test_disk_full_while_checkpointing_keeps_the_node_training(presets: Path, tm
         node.close()
     finally:
         subprocess.run(["umount", "-l", str(state)], capture_output=True, timeout=10)
+
+
+@pytest.mark.parametrize("disk", ["tmpfs", "file_size_limit"])
+def test_a_disk_that_fills_up_and_frees_again_costs_the_node_no_round(presets: Path, tmp_path: Path, disk: str) -> None:
+    """A GRPO node whose state dir fills up while it runs, and frees again: a real 32 MiB tmpfs kept full by a
+    ballast file (root), or a file-size limit put on the running node (prlimit: EFBIG after a short write,
+    any user). While full, every metrics append and checkpoint fails and the node keeps training; once space
+    returns it writes the held rows, in order, and its next checkpoint; it stops cleanly with a checkpoint of
+    its last round, and metrics.jsonl has every round, each on a whole line. (Before: the first failed
+    metrics append raised: traceback, exit 1, no final checkpoint, a torn last line.)"""
+    import threading
+
+    from swarm_node.node.checkpoint import latest_checkpoint
+
+    state = tmp_path / "state"
+    tmpfs = None
+    if disk == "tmpfs":
+        tmpfs = TmpfsDisk(state, "32m")
+        if not tmpfs.mounted:
+            pytest.skip("cannot mount a tmpfs (not root); the file_size_limit case fills the disk without root")
+    ov = {"rounds": None, "swarm.enabled": False, "task.prompts_per_round": 4, "task.eval_n": 10,
+          "metrics.eval_every": 1000, "checkpoint.every_rounds": 2, "checkpoint.keep": 1}
+    cfg = write_peer_config(ROOT / "peers" / "tiny-s.yaml", tmp_path / "node.yaml", ov)
+    log = tmp_path / "node.log"  # off the full disk, and written by this process (a file-size limit is the node's)
+    proc = subprocess.Popen(cli("run", "--config", str(cfg), "--state-dir", str(state)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
+
+    def pump() -> None:
+        with open(log, "wb", buffering=0) as fh:
+            for line in proc.stdout:
+                fh.write(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    metrics = state / "metrics.jsonl"
+
+    def wait_for(what: str, ok, timeout_s: float = 240) -> None:
+        end = time.monotonic() + timeout_s
+        while not ok():
+            assert proc.poll() is None, f"node exited ({proc.returncode}) waiting for {what}\n{_tail(log)}"
+            assert time.monotonic() < end, f"no {what} within {timeout_s}s\n{_tail(log)}"
+            time.sleep(0.05)
+
+    def logged_round() -> int:  # the last round the node's one line per round names
+        return max([int(m) for m in re.findall(r" round (\d+)(?:/\d+)? \| reward", log.read_text())] or [-1])
+
+    limit = FileSizeLimit(proc.pid)
+    try:
+        try:
+            wait_for("checkpoint of round 2", lambda: (latest_checkpoint(state) or SimpleNamespace(round=0)).round >= 2)
+            tmpfs.fill() if tmpfs is not None else limit.fill(metrics.stat().st_size + 500)
+            full_from = logged_round()
+            saved_before = latest_checkpoint(state).round
+            wait_for("4 rounds trained on the full disk", lambda: logged_round() >= full_from + 4
+                     and "checkpoint of round" in log.read_text() and "metrics.jsonl: rows of rounds" in log.read_text())
+            assert _lines_are_whole(metrics)[-1] <= full_from + 1  # nothing got through while full
+            tmpfs.free() if tmpfs is not None else limit.free()
+            freed_at = logged_round()
+            wait_for("rows and a checkpoint after space returned",
+                     lambda: read_metrics(metrics, warn=False)[-1]["round"] >= freed_at + 2
+                     and latest_checkpoint(state).round > freed_at)
+            assert stop_process(proc, grace_s=60) == 0, _tail(log)
+        finally:
+            if proc.poll() is None:
+                stop_process(proc, grace_s=5)
+        text = log.read_text()
+        assert "Traceback" not in text, text[-3000:]
+        last = int(re.search(r"stopping after round (\d+)", text).group(1))
+        rows = read_metrics(metrics)
+        assert _lines_are_whole(metrics) == list(range(last + 1))  # every round, the held ones too, no torn line
+        assert latest_checkpoint(state).round == last and saved_before <= full_from
+        failed_saves = [int(r) for r in re.findall(r"checkpoint of round (\d+) not written", text)]
+        assert failed_saves and all(full_from <= r <= freed_at for r in failed_saves), failed_saves
+        assert rows[-1]["checkpoint_failures"] == len(failed_saves)
+        assert text.count("metrics.jsonl is writable again") == 1
+    finally:
+        if tmpfs is not None:
+            tmpfs.close()
+
+
+def _lines_are_whole(path: Path) -> list[int]:
+    """Rounds of metrics.jsonl's rows, after checking that every line is a whole JSON row."""
+    import json
+
+    text = path.read_text()
+    assert not text or text.endswith("\n"), text[-300:]
+    return [json.loads(ln)["round"] for ln in text.splitlines()]
+
+
+@pytest.mark.parametrize("keep", [1, 2])
+def test_sigkill_then_a_torn_checkpoint_resumes_from_the_newest_readable_and_loses_no_later_round(
+        presets: Path, tmp_path: Path, keep: int) -> None:
+    """Kill and corrupt on real GRPO processes: a node checkpointing every round is SIGKILLed once it has two
+    checkpoints, and the newest one's optimizer.pt is cut in half (a power loss). The restart sets it aside in
+    one line, resumes from the one before (keep 2) or from the model as loaded (keep 1: nothing readable
+    left, and it stops short of the bad round); a second restart continues right after that, so no round
+    trained since the first restart was lost (before: with keep 1 every later save pruned the checkpoint it
+    had just written, and the second restart began at round 0 again)."""
+    import os
+
+    from swarm_node.node.checkpoint import latest_checkpoint, list_checkpoints
+    from tests.test_checkpoint import corrupt
+
+    ov = {"rounds": None, "swarm.enabled": False, "task.prompts_per_round": 4, "task.eval_n": 10,
+          "metrics.eval_every": 1000, "checkpoint.every_rounds": 1, "checkpoint.keep": keep}
+    cfg = write_peer_config(ROOT / "peers" / "tiny-s.yaml", tmp_path / "node.yaml", ov)
+    peer = Peer(name="node", config=cfg, state_dir=tmp_path / "node")
+
+    def has_two_rounds() -> bool:  # `keep` checkpoints (the older ones pruned), the newest of round 2 or later
+        cks = list_checkpoints(peer.state_dir)
+        return len(cks) == keep and cks[-1].round >= 2
+
+    peer.start(None)
+    try:
+        end = time.monotonic() + 240
+        while not has_two_rounds():
+            assert peer.running() and time.monotonic() < end, _tail(peer.log_path)
+            time.sleep(0.05)
+        os.killpg(peer.proc.pid, signal.SIGKILL)
+        peer.proc.wait(10)
+    finally:
+        if peer.running():
+            stop_process(peer.proc, grace_s=5)
+    bad = latest_checkpoint(peer.state_dir)  # the kill may land in a later save: its .tmp- copy is no checkpoint
+    corrupt(bad.path, "torn_optimizer")
+    before_bad = [c.round for c in list_checkpoints(peer.state_dir) if c.round < bad.round]
+    resumed = before_bad[-1] if before_bad else None  # keep 1: None, unless the kill landed before a prune
+
+    def run_to(rounds: int) -> str:
+        start = len(peer.log_path.read_text())
+        peer.extra_args = ["--set", f"rounds={rounds}"]
+        peer.start(None)
+        try:
+            assert peer.proc.wait(300) == 0, _tail(peer.log_path)
+        finally:
+            if peer.running():
+                stop_process(peer.proc, grace_s=5)
+        text = peer.log_path.read_text()[start:]
+        assert "Traceback" not in text, text[-3000:]
+        return text
+
+    # from round 0: stop short of the bad round (a re-save of it would replace it); else train through it
+    last = bad.round - 1 if resumed is None else bad.round
+    text = run_to(last)
+    assert text.count(f"set aside as {bad.path.name}.unreadable") == 1, text[-3000:]
+    assert (f"ckpt-{resumed:08d}: continuing at round {resumed + 1}" if resumed is not None
+            else "starting at round 0") in text, text[-3000:]
+    assert [c.round for c in list_checkpoints(peer.state_dir)] == list(range(last - keep + 1, last + 1))
+    text = run_to(last + 1)
+    assert f"continuing at round {last + 1}" in text, text[-3000:]
+    assert [x["round"] for x in read_metrics(peer.metrics)] == list(range(last + 2))
+    assert (peer.state_dir / f"{bad.path.name}.unreadable").is_dir()
 
 
 # ---- SIGKILL of a peer while we download its blob -----------------------------------------------------

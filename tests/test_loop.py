@@ -19,6 +19,7 @@ from swarm_node.node import loop
 from swarm_node.node.checkpoint import CheckpointWriteError, list_checkpoints
 from swarm_node.node.metrics import MetricsWriter, read_metrics
 from swarm_node.node.rows import GRPORow
+from tests.test_checkpoint import CORRUPTIONS, corrupt
 
 
 class Trainer:
@@ -112,3 +113,49 @@ def test_a_failed_final_checkpoint_is_exit_code_1(tmp_path, monkeypatch, capsys)
     assert nodes[0].checkpoint_failures == 2  # after round 2 (cadence) and on exit
     assert [r["round"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]  # kept training
     assert "exiting without a checkpoint of round 3" in capsys.readouterr().err  # (run_node sets up logging)
+
+
+def _keep_cfg(rounds: int, keep: int, every: int = 1) -> NodeConfig:
+    return NodeConfig.model_validate({"rounds": rounds, "swarm": {"enabled": False}, "metrics": {"eval_every": 3},
+                                      "checkpoint": {"every_rounds": every, "keep": keep}})
+
+
+@pytest.mark.parametrize("first_every", [1, 1000])
+@pytest.mark.parametrize("keep", [1, 2])
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_after_an_unreadable_checkpoint_a_restart_resumes_from_the_newest_readable_and_loses_no_later_round(
+        tmp_path, keep, kind, first_every, capsys):
+    """Kill-and-corrupt: 4 rounds, the newest checkpoint made unreadable, a restart, then another.
+
+    The first run checkpoints every round (`first_every` 1: ckpt-3 is readable with keep 2) or only on exit
+    (1000: ckpt-4 is the only one). The first restart resumes from the newest readable checkpoint, or from
+    the model as loaded at round 1 (never with the bad checkpoint's weights), sets the bad one aside in one
+    log line, and trains to round 7 (past the bad round) or 3 (short of it); the second restart must continue
+    right after that, so no round trained after the first restart was lost.
+    LinearNode's weight is the number of rounds it was trained, so it shows which weights were restored.
+    """
+    assert loop.run_node(lambda: LinearNode(_keep_cfg(4, keep, first_every), tmp_path, 1, False)) == 0
+    corrupt(tmp_path / "ckpt-00000004", kind)
+    capsys.readouterr()
+    nodes = []
+
+    def make(rounds: int):
+        def new() -> LinearNode:
+            nodes.append(LinearNode(_keep_cfg(rounds, keep), tmp_path, 1, False))
+            return nodes[-1]
+        return new
+
+    falls_back = keep == 2 and first_every == 1
+    second = 7 if first_every == 1 else 3
+    assert loop.run_node(make(second)) == 0
+    err = capsys.readouterr().err
+    assert err.count("set aside as ckpt-00000004.unreadable") == 1, err
+    assert ("ckpt-00000003: continuing at round 4" if falls_back else "starting at round 0") in err, err
+    assert float(nodes[-1].loaded.model.weight[0, 0].detach()) == second  # not the bad checkpoint's weights + more
+    assert (tmp_path / "ckpt-00000004.unreadable").is_dir()
+    assert [c.round for c in list_checkpoints(tmp_path)] == ([second] if keep == 1 else [second - 1, second])
+
+    assert loop.run_node(make(second + 2)) == 0
+    assert f"continuing at round {second + 1}" in capsys.readouterr().err
+    assert float(nodes[-1].loaded.model.weight[0, 0].detach()) == second + 2
+    assert [r["round"] for r in read_metrics(tmp_path / "metrics.jsonl")] == list(range(1, second + 3))

@@ -131,3 +131,109 @@ def test_a_round_row_carries_its_time_split(tmp_path):
     assert 0 <= split["exchange"] < 0.5, split  # no swarm: nothing to publish or take
     assert sum(split.values()) <= wall + 1e-3, (split, wall)
     assert split["train"] == pytest.approx(row["train_s"], abs=1e-3)
+
+
+@pytest.mark.parametrize("resume_at", [3, 10])  # the checkpoint's round: at, and past, the last whole row
+@pytest.mark.parametrize("tail", ['{"round": 4, "rewa', '{"round": 4}'])  # cut mid-row, or just before "\n"
+def test_a_torn_last_line_is_cut_on_resume_so_the_next_row_stands_alone(tmp_path, resume_at, tail, caplog):
+    """A crash mid-append leaves a last line without its newline. Resuming at or past the last whole row used
+    to leave it, and the next row was glued onto it: both lost to every reader."""
+    w = MetricsWriter(tmp_path)
+    for r in range(4):
+        w.write({"round": r})
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "a") as fh:
+        fh.write(tail)
+    before = path.read_text()
+    with caplog.at_level(logging.WARNING, logger="swarm_node.node.metrics"):
+        MetricsWriter(tmp_path).truncate_after(resume_at)
+    kept_tail = tail.endswith("}") and resume_at >= 4  # a whole row that only lacked its newline stays
+    MetricsWriter(tmp_path).write({"round": 5 if kept_tail else 4})
+    text = path.read_text()
+    assert text.endswith("\n") and [json.loads(ln)["round"] for ln in text.splitlines()] == \
+        ([0, 1, 2, 3, 4, 5] if kept_tail else [0, 1, 2, 3, 4])
+    backups = list(tmp_path.glob("metrics.jsonl.*.bak"))
+    assert len(backups) == 1 and backups[0].read_text() == before  # nothing lost
+    dropped = tail.endswith("}") and resume_at < 4  # a whole row 4 past the checkpoint: dropped as before
+    assert any(("dropped 1 metrics.jsonl rows" if dropped else "cut short") in r.getMessage() for r in caplog.records)
+
+
+def _lines_are_whole(path) -> list[int]:
+    """Rounds of the file's rows, after checking that every line is a whole JSON row (no torn line)."""
+    text = path.read_text()
+    assert not text or text.endswith("\n"), text[-200:]
+    return [json.loads(ln)["round"] for ln in text.splitlines()]
+
+
+@pytest.mark.parametrize("disk", ["tmpfs", "file_size_limit"])
+def test_a_full_disk_costs_no_row_and_leaves_no_torn_line(tmp_path, disk, caplog):
+    """metrics.jsonl on a disk that fills up (a real tmpfs, root only; or a file-size limit on this process:
+    the kernel's EFBIG after a short write, any user). Writes never raise; a row that does not fit is cut
+    back off and held; the warning is rate-limited and counts; once space returns the held rows land in order."""
+    from tests.tooling.full_disk import FileSizeLimit, TmpfsDisk
+
+    pad = "x" * 3000  # a row fills most of a page: on a full tmpfs the next row cannot fit in the last one
+    state = tmp_path / "disk"
+    tmpfs = None
+    if disk == "tmpfs":
+        tmpfs = TmpfsDisk(state, "256k")
+        if not tmpfs.mounted:
+            pytest.skip("cannot mount a tmpfs (not root); the file_size_limit case covers the same path")
+    try:
+        w = MetricsWriter(state)
+        for r in range(3):
+            w.write({"round": r, "pad": pad})
+        before = (state / "metrics.jsonl").read_bytes()
+        limit = FileSizeLimit()
+        with caplog.at_level(logging.WARNING, logger="swarm_node.node.metrics"):
+            if tmpfs is not None:
+                tmpfs.fill()
+            else:
+                limit.fill(len(before) + 1000)  # the next row gets 1000 of its ~3000 bytes in, then EFBIG
+            try:
+                for r in range(3, 10):
+                    w.write({"round": r, "pad": pad})
+                    assert _lines_are_whole(state / "metrics.jsonl")[:3] == [0, 1, 2]
+            finally:
+                tmpfs.free() if tmpfs is not None else limit.free()
+            assert w.write_failures >= 6 and w.held_rows >= 6, (w.write_failures, w.held_rows)
+            failed_lines = [r.getMessage() for r in caplog.records if "not written" in r.getMessage()]
+            assert 1 <= len(failed_lines) <= 3, failed_lines  # rate-limited: 3 lines, then one per 100 s
+            assert "the node keeps training" in failed_lines[0]
+            w.write({"round": 10, "pad": pad})
+        assert w.held_rows == 0
+        assert _lines_are_whole(state / "metrics.jsonl") == list(range(11))
+        assert sum("writable again" in r.getMessage() for r in caplog.records) == 1
+        w.close()
+    finally:
+        if tmpfs is not None:
+            tmpfs.close()
+
+
+def test_rows_held_beyond_the_bound_are_dropped_and_counted(tmp_path, monkeypatch):
+    """Memory stays bounded however long the disk stays full: MAX_HELD_ROWS rows, the oldest dropped."""
+    from swarm_node.node import metrics
+
+    monkeypatch.setattr(metrics, "MAX_HELD_ROWS", 5)
+    w = MetricsWriter(tmp_path)
+    (tmp_path / "metrics.jsonl").mkdir()  # an append to a directory fails (EISDIR), like a full disk
+    for r in range(8):
+        w.write({"round": r})
+    assert w.held_rows == 5 and w.rows_dropped == 3 and w.write_failures == 8
+    (tmp_path / "metrics.jsonl").rmdir()
+    w.write({"round": 8})
+    assert _lines_are_whole(tmp_path / "metrics.jsonl") == [4, 5, 6, 7, 8] and w.rows_dropped == 4
+
+
+def test_a_failing_tracker_never_stops_the_row(tmp_path):
+    class Broken:
+        def log(self, row, step):
+            raise OSError(28, "No space left on device")
+
+        def close(self):
+            pass
+
+    w = MetricsWriter(tmp_path, trackers=[Broken()])
+    w.write({"round": 0})
+    w.write({"round": 1})
+    assert w.tracker_failures == 2 and _lines_are_whole(tmp_path / "metrics.jsonl") == [0, 1]

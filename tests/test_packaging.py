@@ -47,3 +47,44 @@ def test_the_wheel_ships_no_fuzzer_or_test_builder(tmp_path):
     tooling = [n for n in names if re.search(r"fuzz|(^|/)batches\.py$|(^|/)tests/|adversary", n)]
     assert tooling == [], tooling
     assert [n for n, text in sources.items() if re.search(r"^\s*(from|import) tests\b", text, re.M)] == []
+
+
+# Releases with known vulnerabilities that reach this code (docs/operations.md, "Keeping the dependencies
+# current"): no install of swarm-node may resolve to one of them.
+KNOWN_VULNERABLE = {
+    "torch": ["2.5.1", "2.9.1"],  # weights_only bypass (CVE-2025-32434, < 2.6); unpickler memory corruption (< 2.10)
+    "transformers": ["4.46.3", "4.47.1", "4.52.4", "4.56.2", "4.57.1", "5.0.0", "5.2.0"],  # < 4.53; 4.56-5.2
+    "jinja2": ["3.1.4", "3.1.5"],  # sandbox escapes (3.1.5, 3.1.6)
+    "protobuf": ["5.29.4"],  # recursion DoS parsing untrusted messages (5.29.5)
+    "pyarrow": ["14.0.0"],  # code execution from a crafted file (14.0.1)
+}
+
+
+def _requirements() -> dict:
+    from packaging.requirements import Requirement
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return {Requirement(d).name.lower(): Requirement(d) for d in deps}
+
+
+def test_dependency_ranges_leave_out_known_vulnerable_releases():
+    reqs = _requirements()
+    for name, versions in KNOWN_VULNERABLE.items():
+        assert name in reqs, f"{name} is not bounded in pyproject.toml"
+        let_in = [v for v in versions if reqs[name].specifier.contains(v, prereleases=True)]
+        assert not let_in, f"{reqs[name]} admits {name} {let_in}"
+
+
+def test_the_installed_set_satisfies_the_ranges():
+    """What `make test` runs on is what pyproject allows (a release outside the range would go untested)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name, req in _requirements().items():
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        try:
+            have = version(name)
+        except PackageNotFoundError:
+            pytest.fail(f"{name} is not installed")
+        base = have.split("+")[0]  # torch's local version (+cpu) is no part of the range
+        assert req.specifier.contains(base, prereleases=True), f"installed {name} {have} is outside {req}"

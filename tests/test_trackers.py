@@ -54,6 +54,49 @@ def test_tensorboard_event_file_holds_the_metrics_rows(tmp_path):
         assert math.isclose(got[key], value, rel_tol=1e-6), key
 
 
+def _sybil_rows(n_rows: int, peers_per_row: int) -> list[dict]:
+    """Rows whose groups came from a new crowd of peers each round, with names such peers could choose."""
+    weird = ["../../etc/x", "a/b/c", "evil\nname", "x" * 500, "emoji-\u2603", ""]
+    return [{"round": r, "local_groups": 1,
+             "external_groups_by_peer": {f"{r}-{i}-{weird[i % len(weird)]}": 1 for i in range(peers_per_row)}}
+            for r in range(n_rows)]
+
+
+def test_peer_chosen_names_are_sanitised_and_bounded_over_a_run():
+    from swarm_node.node.trackers import MAX_NAME_CHARS, MAX_NAMES_PER_FIELD, SeriesNames
+
+    names = SeriesNames()
+    tags: set[str] = set()
+    for row in _sybil_rows(20, 50):
+        s = scalars(row, names)
+        assert sum(v for k, v in s.items() if k.startswith("external_groups_by_peer/")) == 50  # nothing lost
+        tags |= set(s)
+    peer_tags = {t for t in tags if t.startswith("external_groups_by_peer/")}
+    assert len(peer_tags) == MAX_NAMES_PER_FIELD + 1 and "external_groups_by_peer/other" in peer_tags
+    for t in peer_tags:
+        name = t.split("/", 1)[1]
+        assert "/" not in name and "\n" not in name and len(name) <= MAX_NAME_CHARS
+        assert all(c.isascii() and (c.isalnum() or c in "_.:-") for c in name), name
+
+
+def test_tensorboard_gets_a_bounded_number_of_series_from_a_sybil_crowd(tmp_path):
+    """The real writer: 1000 peer names over 20 rounds become 32 series and `other`, read back from the file."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from swarm_node.node.trackers import MAX_NAMES_PER_FIELD
+
+    cfg = load_config(None, ["metrics.report_to=[tensorboard]"])
+    w = MetricsWriter.from_config(tmp_path, cfg, node_name="tiny-s")
+    for row in _sybil_rows(20, 50):
+        w.write(row)
+    w.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    peer_tags = [t for t in acc.Tags()["scalars"] if t.startswith("external_groups_by_peer/")]
+    assert len(peer_tags) == MAX_NAMES_PER_FIELD + 1
+    assert sum(ev.value for t in peer_tags for ev in acc.Scalars(t)) == 20 * 50
+
+
 def _wandb_records(run_file: Path) -> list:
     """Records of a W&B run file: LevelDB-log framing (7-byte header, 32 KiB blocks) around W&B's protobufs."""
     from wandb.proto import wandb_internal_pb2 as pb

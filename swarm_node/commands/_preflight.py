@@ -110,6 +110,14 @@ def read_peers_file(path: Path, wait_s: float) -> list[str]:
         time.sleep(1.0)
 
 
+def identity_private(identity_path: str | None) -> None:
+    """An existing identity file that group or others may read is refused before the model loads."""
+    if identity_path and Path(identity_path).expanduser().is_file():
+        from swarm_node.swarm.dht import check_identity_mode
+
+        check_identity_mode(Path(identity_path).expanduser())
+
+
 def lock_identity(identity_path: str | None) -> None:
     """Hold `<identity>.lock` for the life of this process: two live peers with one identity are refused.
 

@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     )
     check.peer_addresses(cfg.initial_peers, "--initial-peers entry")
     check.listen_ports_free(cfg.host_maddrs, "--host-maddrs")
+    check.identity_private(cfg.identity_path)
     check.lock_identity(cfg.identity_path)
     if args.maddrs_file:
         check.writable_dir(Path(args.maddrs_file).expanduser().parent, "--maddrs-file directory")

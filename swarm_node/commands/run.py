@@ -71,5 +71,6 @@ def preflight(cfg: NodeConfig, state_dir: Path) -> Path:
     if cfg.swarm.enabled:
         check.peer_addresses(cfg.swarm.initial_peers, "swarm.initial_peers entry")
         check.listen_ports_free(cfg.swarm.host_maddrs, "swarm.host_maddrs")
+        check.identity_private(cfg.swarm.identity_path)
         check.lock_identity(cfg.swarm.identity_path)
     return state_dir

@@ -152,7 +152,7 @@ def build_packaged(name: str, out_dir: str | Path, progress: Callable[[str], Non
 
 
 def _portable_files(out: Path) -> None:
-    """Make the saved files mean the same model on every transformers version pyproject allows (>= 4.46).
+    """Make the saved files mean the same model on every transformers version pyproject allows (4.x from 4.53).
 
     transformers 5 writes three things 4.x does not read, and 4.46 then loads a *different* model without a
     word: the RoPE base inside `rope_parameters` (4.x falls back to 10,000 instead of 100,000), the chat

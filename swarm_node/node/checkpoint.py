@@ -6,14 +6,23 @@ file (`model.safetensors`: plain tensors, readable by any tool, never unpickled)
 stay `torch.save` files read with `weights_only=True`. Checkpoints written before safetensors
 (`model.pt`) still load. `meta.json` records the base model and LoRA settings so `swarm-node export`
 and `swarm-node eval` can rebuild the trained model from the state dir alone.
+
+What is never lost: a save never prunes the checkpoint it has just written (the model this process
+trains), and a restart that finds a checkpoint it cannot read sets it aside as `ckpt-<round>.unreadable`
+(one log line) and resumes from the one before, so the bad one neither outranks nor outlives the rounds
+trained after it.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
+import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +38,8 @@ log = logging.getLogger(__name__)
 PREFIX = "ckpt-"
 WEIGHTS_FILE = "model.safetensors"
 LEGACY_WEIGHTS_FILE = "model.pt"  # torch.save checkpoints written before safetensors
+UNREADABLE = ".unreadable"  # suffix of a checkpoint set aside at start because it could not be read
+_NAME = re.compile(rf"{PREFIX}(\d+)")
 
 
 @dataclass
@@ -89,9 +100,25 @@ def save_checkpoint(
         raise CheckpointWriteError(f"moving checkpoint {final.name} into place failed: {_describe(exc)}") from exc
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    for stale in list_checkpoints(state_dir)[:-keep]:
+    for stale in prunable(state_dir, final, keep):
         shutil.rmtree(stale.path, ignore_errors=True)
     return final
+
+
+def prunable(state_dir: Path, newest: Path, keep: int) -> list[Checkpoint]:
+    """The checkpoints a save that has just written `newest` may delete, with `keep` kept in all.
+
+    `newest` is never one of them: it holds the model this process trains, so it is the last good
+    checkpoint, whatever else lies in the state dir. Of the others, the keep-1 highest rounds below it stay;
+    one of a higher round (a run this process did not continue: it could not be read at start) goes first.
+    Sorting all of them by round and keeping the last `keep` deleted the checkpoint just written whenever
+    such a one was there.
+    """
+    name = Path(newest).name
+    round_ = int(_NAME.fullmatch(name).group(1))
+    others = sorted((c for c in list_checkpoints(state_dir) if c.path.name != name),
+                    key=lambda c: (c.round < round_, c.round))
+    return others[: max(0, len(others) - (keep - 1))]
 
 
 def _write_files(tmp: Path, round_: int, model: Any, optimizer_state: dict, extra: dict, config_fp: str) -> None:
@@ -154,17 +181,35 @@ def remove_partial(state_dir: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def list_checkpoints(state_dir: Path) -> list[Checkpoint]:
+def _checkpoint_dirs(state_dir: Path) -> list[tuple[int, Path]]:
+    """(round from the name, path) of every `ckpt-<round>` directory, oldest first; a set-aside
+    `ckpt-<round>.unreadable` or any other name is not one."""
     out = []
     for p in Path(state_dir).glob(f"{PREFIX}*"):
-        meta_file = p / "meta.json"
-        if p.is_dir() and meta_file.is_file():
-            try:
-                meta = json.loads(meta_file.read_text())
-                out.append(Checkpoint(round=int(meta["round"]), path=p, meta=meta))
-            except (ValueError, KeyError, TypeError, OSError):
-                continue  # unreadable: not a checkpoint we can resume from
-    return sorted(out, key=lambda c: c.round)
+        m = _NAME.fullmatch(p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def _read_meta(path: Path, round_: int) -> dict:
+    """meta.json of a checkpoint directory; ValueError/OSError when it is missing, not JSON, or names
+    another round than the directory does (the writer never makes either)."""
+    meta = json.loads((path / "meta.json").read_text())
+    if not isinstance(meta, dict) or not isinstance(meta.get("round"), int) or meta["round"] != round_:
+        raise ValueError(f"meta.json does not name round {round_}")
+    return meta
+
+
+def list_checkpoints(state_dir: Path) -> list[Checkpoint]:
+    """Checkpoints whose meta.json reads, oldest first (their other files are read only when restored)."""
+    out = []
+    for round_, p in _checkpoint_dirs(state_dir):
+        try:
+            out.append(Checkpoint(round=round_, path=p, meta=_read_meta(p, round_)))
+        except (ValueError, TypeError, OSError):
+            continue  # unreadable: not a checkpoint we can resume from
+    return out
 
 
 def latest_checkpoint(state_dir: Path) -> Checkpoint | None:
@@ -172,39 +217,114 @@ def latest_checkpoint(state_dir: Path) -> Checkpoint | None:
     return cks[-1] if cks else None
 
 
-def load_checkpoint(ckpt: Checkpoint, model: Any, config_fp: str) -> tuple[dict, dict]:
-    """Restore weights and torch RNG in place; return (optimizer state, meta)."""
+def _check_fingerprint(ckpt: Checkpoint, config_fp: str) -> None:
     if ckpt.meta.get("config_fingerprint") != config_fp:
         raise UserFacingError(
             f"checkpoint {ckpt.path} was written with another model/task configuration "
             f"(fingerprint {ckpt.meta.get('config_fingerprint')} != {config_fp}); "
             "use a new --state-dir or the original config"
         )
-    restore_weights(ckpt, model)
-    opt_state = torch.load(ckpt.path / "optimizer.pt", map_location="cpu", weights_only=True)
-    rng = torch.load(ckpt.path / "rng.pt", weights_only=True)
-    torch.set_rng_state(rng["torch_rng"])
+
+
+class UnreadableCheckpoint(ValueError):
+    """A file of a checkpoint cannot be read (cut short, garbled, missing); the message names the file."""
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except UserFacingError:
+        raise
+    except Exception as exc:  # OSError, safetensors' and torch's own errors, ValueError of the checks here
+        raise UnreadableCheckpoint(f"{path.name}: {_describe(exc)}") from exc
+
+
+def read_checkpoint(ckpt: Checkpoint, model: Any, config_fp: str) -> tuple[dict, dict, torch.Tensor]:
+    """Read and check every file of a checkpoint without changing anything: (weights, optimizer state, RNG).
+
+    Raises UserFacingError for a checkpoint of another configuration or model, UnreadableCheckpoint for a
+    file that cannot be read.
+    """
+    _check_fingerprint(ckpt, config_fp)
+    weights_file = ckpt.path / (WEIGHTS_FILE if (ckpt.path / WEIGHTS_FILE).exists() else LEGACY_WEIGHTS_FILE)
+    with _reading(weights_file):
+        weights = load_weights(ckpt.path)
+        if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+            raise ValueError("it holds no named tensors")
+    _check_weights(ckpt, weights, model)
+    with _reading(ckpt.path / "optimizer.pt"):
+        opt_state = torch.load(ckpt.path / "optimizer.pt", map_location="cpu", weights_only=True)
+        if not isinstance(opt_state, dict):
+            raise ValueError(f"it holds a {type(opt_state).__name__}, not a state dict")
+    with _reading(ckpt.path / "rng.pt"):
+        rng = torch.load(ckpt.path / "rng.pt", weights_only=True)
+        rng = rng.get("torch_rng") if isinstance(rng, dict) else None
+        now = torch.get_rng_state()
+        if not isinstance(rng, torch.Tensor) or rng.dtype != now.dtype or rng.shape != now.shape:
+            raise ValueError("it holds no torch RNG state")
+    return weights, opt_state, rng
+
+
+def load_checkpoint(ckpt: Checkpoint, model: Any, config_fp: str) -> tuple[dict, dict]:
+    """Restore weights and torch RNG in place; return (optimizer state, meta). Nothing changes unless every
+    file reads."""
+    weights, opt_state, rng = read_checkpoint(ckpt, model, config_fp)
+    _copy_weights(weights, model)
+    torch.set_rng_state(rng)
     return opt_state, ckpt.meta
 
+
+def set_aside(path: Path, why: str) -> Path | None:
+    """Rename an unreadable checkpoint to `<name>.unreadable` (kept for a look, never resumed from or pruned),
+    with one logged line; None if even the rename failed (logged too)."""
+    target = path.with_name(path.name + UNREADABLE)
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}{UNREADABLE}-{n}")
+    try:
+        os.replace(path, target)
+    except OSError as exc:
+        log.warning("checkpoint %s is unreadable (%s) and could not be set aside (%s); not resuming from it",
+                    path, why, exc)
+        return None
+    log.warning("checkpoint %s is unreadable (%s): set aside as %s; resuming from the one before it, if any "
+                "(delete the .unreadable copy once looked at)", path.name, why, target.name)
+    return target
 
 
 def restore_newest(state_dir: Path, model: Any, trainer: Any, config_fp: str) -> Checkpoint | None:
     """Restore the newest readable checkpoint into `model` and `trainer` (its `load_state_dict`), after
-    removing crash leftovers. An unreadable checkpoint (a file cut short by a crash or power loss) falls
-    back to the one before; a checkpoint of another configuration is refused. None: nothing to resume.
+    removing crash leftovers. None: nothing to resume (the model and trainer are as they came).
+
+    A newer checkpoint that cannot be read (a file cut short by a crash or power loss, a missing or garbled
+    meta.json) is set aside as `<name>.unreadable` with one logged line, and the one before is tried: so no
+    later save ranks below it and none of the rounds trained after this restart is pruned in its favour.
+    Every file of a checkpoint is read before any of it is applied, so a bad one changes nothing; a
+    checkpoint of another configuration is refused (UserFacingError).
     """
     remove_partial(state_dir)
-    for ck in reversed(list_checkpoints(state_dir)):
+    before = copy.deepcopy(trainer.state_dict())  # a fresh trainer's: small (no optimizer moments yet)
+    for round_, path in reversed(_checkpoint_dirs(state_dir)):
         try:
-            state, _meta = load_checkpoint(ck, model, config_fp)
-            trainer.load_state_dict(state)
-        except UserFacingError:
-            raise
-        except Exception as exc:
-            log.warning("checkpoint %s is unreadable (%s); trying the one before", ck.path, exc)
+            with _reading(path / "meta.json"):
+                ck = Checkpoint(round=round_, path=path, meta=_read_meta(path, round_))
+            weights, opt_state, rng = read_checkpoint(ck, model, config_fp)
+            with _reading(path / "optimizer.pt"):
+                try:
+                    trainer.load_state_dict(opt_state)
+                except Exception:
+                    trainer.load_state_dict(before)  # undo a half-applied state before trying the one before
+                    raise
+        except UnreadableCheckpoint as exc:
+            set_aside(path, str(exc))
             continue
+        _copy_weights(weights, model)
+        torch.set_rng_state(rng)
         return ck
     return None
+
 
 def load_weights(ckpt_path: Path) -> dict[str, torch.Tensor]:
     """The trainable tensors of a checkpoint directory (safetensors, or a legacy `model.pt`)."""
@@ -216,16 +336,29 @@ def load_weights(ckpt_path: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"{path} has neither {WEIGHTS_FILE} nor {LEGACY_WEIGHTS_FILE}")
 
 
-def restore_weights(ckpt: Checkpoint, model: Any) -> None:
-    """Copy a checkpoint's tensors into `model` in place (names must be the model's trainable ones)."""
-    weights = load_weights(ckpt.path)
+def _check_weights(ckpt: Checkpoint, weights: dict[str, torch.Tensor], model: Any) -> None:
+    """Every tensor of the checkpoint names a parameter of `model` of the same shape (else UserFacingError)."""
     params = dict(model.named_parameters())
     missing = [n for n in weights if n not in params]
     if missing:
         raise UserFacingError(f"checkpoint {ckpt.path} does not match the model (unknown tensors: {missing[:3]})")
+    wrong = [n for n, t in weights.items() if tuple(t.shape) != tuple(params[n].shape)]
+    if wrong:
+        raise UserFacingError(f"checkpoint {ckpt.path} does not match the model (other shapes: {wrong[:3]})")
+
+
+def _copy_weights(weights: dict[str, torch.Tensor], model: Any) -> None:
+    params = dict(model.named_parameters())
     with torch.no_grad():
         for n, t in weights.items():
             params[n].copy_(t.to(params[n].device, params[n].dtype))
+
+
+def restore_weights(ckpt: Checkpoint, model: Any) -> None:
+    """Copy a checkpoint's tensors into `model` in place (names and shapes must be the model's trainable ones)."""
+    weights = load_weights(ckpt.path)
+    _check_weights(ckpt, weights, model)
+    _copy_weights(weights, model)
 
 
 # --- the trained model of a state dir (export, eval) -------------------------------------------------

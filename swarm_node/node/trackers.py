@@ -2,12 +2,18 @@
 
 Each metrics.jsonl row is logged as scalars at step = round, under the same field names; a nested dict
 (`rejected`, `external_groups_by_peer`) becomes `field/key`. Text and list fields stay in metrics.jsonl.
+
+Some nested keys are chosen by peers (a peer's model name in `external_groups_by_peer`), so a series name
+is sanitised (letters, digits, `_ - . :`, at most MAX_NAME_CHARS) and each field gets at most
+MAX_NAMES_PER_FIELD names over a run: later ones are summed under `field/other`. A swarm of Sybils cannot
+grow a run's series, or write `/`-nested panels, without bound.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,6 +21,10 @@ from typing import Any
 from swarm_node.errors import UserFacingError
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
+MAX_NAMES_PER_FIELD = 32  # series per nested field of a row over a run; the rest go to `<field>/other`
+MAX_NAME_CHARS = 80  # a peer id (52) and a short model name
+OTHER = "other"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 
 
 def check_installed(report_to: list[str]) -> None:
@@ -25,22 +35,52 @@ def check_installed(report_to: list[str]) -> None:
                                   "installed; pip install 'swarm-node[trackers]', or remove it from metrics.report_to")
 
 
-def scalars(row: dict) -> dict[str, float]:
-    """The numeric fields of a row (bools as 0/1; nested dicts as `field/key`); null and NaN are left out."""
+def series_name(key: object) -> str:
+    """A key as a series name: unsafe characters replaced by `_`, cut to MAX_NAME_CHARS."""
+    return _UNSAFE.sub("_", str(key))[:MAX_NAME_CHARS] or "_"
+
+
+class SeriesNames:
+    """The names each nested field has been given over a run: the first MAX_NAMES_PER_FIELD, then `other`."""
+
+    def __init__(self, max_names: int = MAX_NAMES_PER_FIELD) -> None:
+        self.max_names = max_names
+        self._names: dict[str, set[str]] = {}  # field (ours, a fixed set) -> its admitted names
+
+    def name(self, field: str, key: object) -> str:
+        names = self._names.setdefault(field, set())
+        name = series_name(key)
+        if name in names or name == OTHER:
+            return name
+        if len(names) < self.max_names:
+            names.add(name)
+            return name
+        return OTHER
+
+
+def scalars(row: dict, names: SeriesNames | None = None) -> dict[str, float]:
+    """The numeric fields of a row (bools as 0/1; nested dicts as `field/key`, named by `names`, whose bound
+    holds across the rows it sees); null and NaN are left out. Values of keys that share a name are summed."""
+    names = names or SeriesNames()
     out: dict[str, float] = {}
 
-    def put(key: str, v: Any) -> None:
+    def number(v: Any) -> float | None:
         if isinstance(v, bool):
-            out[key] = float(v)
-        elif isinstance(v, int | float) and math.isfinite(v):
-            out[key] = float(v)
+            return float(v)
+        if isinstance(v, int | float) and math.isfinite(v):
+            return float(v)
+        return None
 
     for key, value in row.items():
+        field = series_name(key)
         if isinstance(value, dict):
             for sub, v in value.items():
-                put(f"{key}/{sub}", v)
-        else:
-            put(key, value)
+                x = number(v)
+                if x is not None:
+                    tag = f"{field}/{names.name(field, sub)}"
+                    out[tag] = out.get(tag, 0.0) + x
+        elif (x := number(value)) is not None:
+            out[field] = x
     return out
 
 
@@ -49,9 +89,10 @@ class TensorBoardTracker:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(log_dir))
+        self.names = SeriesNames()
 
     def log(self, row: dict, step: int) -> None:
-        for key, value in scalars(row).items():
+        for key, value in scalars(row, self.names).items():
             self.writer.add_scalar(key, value, global_step=step)
         self.writer.flush()  # one row per round: cheap, and a killed node loses nothing
 
@@ -70,9 +111,10 @@ class WandbTracker:
         id_file.write_text(run_id)
         self.run = wandb.init(project=project, name=name, id=run_id, resume="allow", dir=str(state_dir),
                               config=config or {})
+        self.names = SeriesNames()
 
     def log(self, row: dict, step: int) -> None:
-        self.run.log(scalars(row), step=step)
+        self.run.log(scalars(row, self.names), step=step)
 
     def close(self) -> None:
         self.run.finish()

@@ -6,13 +6,15 @@ import asyncio
 import functools
 import logging
 import os
+import shlex
 import signal
 import tempfile
 import time
 from pathlib import Path
 
 import hivemind
-from hivemind.p2p import P2P
+from hivemind.proto import crypto_pb2
+from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
 
 from swarm_node.config import SwarmConfig
@@ -23,11 +25,15 @@ DHT_REPLICAS = 3
 TTL by its owner, so 3 replicas survive churn, and each store sends the record to 2 fewer nodes."""
 
 
+IDENTITY_MODE = 0o400  # owner read-only, as hivemind leaves it; an existing key may also be 0600
+
+
 def ensure_identity(identity_path: str | None) -> tuple[str, tempfile.TemporaryDirectory | None, bool]:
     """(path, temp dir to clean up, newly created) of an identity file, created if missing (parent dirs too).
 
     Without a configured path an ephemeral identity is made in a temp dir, so every node has an RSA key
-    that both defines its peer id and signs its records (records are then bound to peer ids).
+    that both defines its peer id and signs its records (records are then bound to peer ids). An existing
+    key that group or others may read is refused, as ssh refuses one (`check_identity_mode`).
     """
     tmp = None
     if identity_path is None:
@@ -37,10 +43,51 @@ def ensure_identity(identity_path: str | None) -> tuple[str, tempfile.TemporaryD
     created = not path.exists()
     if created:
         path.parent.mkdir(parents=True, exist_ok=True)
-        P2P.generate_identity(str(path))
+        created = write_identity(path)
     elif not path.is_file():
         raise UserFacingError(f"identity path {path} exists but is not a file")
+    if not created:
+        check_identity_mode(path)
     return str(path), tmp, created
+
+
+def write_identity(path: Path) -> bool:
+    """Write a new RSA identity (libp2p's protobuf, as hivemind's `P2P.generate_identity`) to `path`; False if
+    another process made one there first (theirs is kept).
+
+    The key is never readable by anyone else, not for a moment and whatever the umask: it is written to a
+    0600 temporary file in the same directory (mkstemp), made 0400, fsynced, and only then linked to its
+    name. hivemind's own writer creates the file 0644 (less the umask), writes the key, then chmods it.
+    """
+    key = RSAPrivateKey()
+    data = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.RSA, data=key.to_bytes()).SerializeToString()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, IDENTITY_MODE)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)  # never replaces a key that appeared meanwhile
+        except FileExistsError:
+            return False
+    finally:
+        os.unlink(tmp)
+    return True
+
+
+def check_identity_mode(path: Path) -> None:
+    """Refuse a private key file that group or others may read or write (UserFacingError, with the fix)."""
+    if os.name != "posix":
+        return
+    mode = Path(path).stat().st_mode & 0o777
+    if mode & 0o077:
+        raise UserFacingError(f"identity file {str(path)!r} is accessible by others (mode {mode:04o}); it holds this "
+                              f"peer's private key: run `chmod 600 {shlex.quote(str(path))}` and start again")
 
 
 def start_dht(
