@@ -388,11 +388,10 @@ class GRPOTrainer:
         raise RuntimeError("the model returned no KV cache with batch_select_indices")
 
     def _keep_kwargs(self, n: int) -> dict[str, int]:
-        """Ask the model for its last n positions' logits only, by the name its forward knows (transformers
-        >= 4.50: logits_to_keep; 4.46-4.49: num_logits_to_keep); a model with neither computes them all."""
+        """Ask the model for its last n positions' logits only (`logits_to_keep`, transformers >= 4.50); a
+        model without it computes them all."""
         if self._keep_name is None:
-            names = _forward_names(self.model)
-            self._keep_name = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in names), "")
+            self._keep_name = "logits_to_keep" if "logits_to_keep" in _forward_names(self.model) else ""
         return {self._keep_name: n} if self._keep_name else {}
 
     @torch.no_grad()
