@@ -156,7 +156,7 @@ def test_directory_that_is_not_a_model(tmp_path, capsys, not_a_model):
 HELP_SCRIPT = """
 import sys
 from swarm_node.cli import main
-for command in ([], ["run"], ["make-model"], ["eval"], ["demo"], ["status"], ["report"], ["bootstrap"]):
+for command in ([], ["run"], ["make-model"], ["eval"], ["demo"], ["status"], ["report"], ["bootstrap"], ["plan"]):
     try:
         main([*command, "--help"])
     except SystemExit:
@@ -172,10 +172,12 @@ def test_help_does_not_import_torch():
 
 
 def test_preset_names_match_the_factory():
-    from swarm_node.commands.make_model import PRESET_NAMES
+    from swarm_node.commands.make_model import PRESET_NAMES, STANDIN_NAMES
     from swarm_node.models.presets import preset_names
+    from swarm_node.models.standins import standin_names
 
     assert sorted(PRESET_NAMES) == preset_names()
+    assert sorted(STANDIN_NAMES) == standin_names()
 
 
 @pytest.mark.slow

@@ -1,4 +1,6 @@
-"""`swarm-node make-model`: build a preset (tiny-s, tiny-m, or the real smollm2-135m) into a directory.
+"""`swarm-node make-model`: build a preset (tiny-s, tiny-m, or the real smollm2-135m) into a directory, or
+a stand-in of a real model (`--standin qwen2.5-0.5b-instruct --out DIR`: its architecture and vocabulary
+with random weights, for planning and CPU runs of the GPU configs; models/standins.py).
 
 Presets are normally built on first use; this command builds one explicitly so it can be inspected,
 copied to an offline machine, or passed as model.path. Without `--out` it fills the preset cache (where
@@ -15,15 +17,22 @@ import sys
 from pathlib import Path
 
 NAME = "make-model"
-HELP = "build a preset model (tiny-s, tiny-m, smollm2-135m) into the preset cache or a directory"
+HELP = "build a preset model (tiny-s, tiny-m, smollm2-135m) or a random-init stand-in of a real model"
 
 
-# swarm_node.models.presets.preset_names(), here so `--help` does not import torch (a test keeps them equal)
+# swarm_node.models.presets.preset_names() and models.standins.standin_names(), here so `--help` does not
+# import torch (a test keeps them equal)
 PRESET_NAMES = ("smollm2-135m", "tiny-m", "tiny-s")
+STANDIN_NAMES = ("llama-3.2-1b-instruct", "qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct", "qwen2.5-3b-instruct",
+                 "qwen2.5-7b-instruct", "qwen3-0.6b", "smollm2-360m-instruct")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", required=True, choices=PRESET_NAMES, help="which preset to build")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--preset", choices=PRESET_NAMES, help="which preset to build")
+    which.add_argument("--standin", choices=STANDIN_NAMES,
+                       help="a real model's architecture and vocabulary with random weights (needs --out): right "
+                            "for memory and speed, not for learning")
     p.add_argument("--out", type=Path, default=None,
                    help="output directory (created; files are overwritten); default: the preset cache "
                         "($SWARM_NODE_PRESETS or ~/.cache/swarm-node/presets-v<N>), reused when already built")
@@ -45,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
 
     def progress(msg: str) -> None:
         print(msg, file=stream, flush=True)
+
+    if args.standin:
+        return _standin(args, progress)
 
     packaged = args.preset in PACKAGED
     if args.out is None:
@@ -74,4 +86,22 @@ def run(args: argparse.Namespace) -> int:
             f"train-split accuracy {meta['warmup_val_accuracy']:.2f}, "
             f"id eval accuracy {meta['eval_id_accuracy']:.2f}, {meta['build_seconds']:.1f} s -> {out}"
         )
+    return 0
+
+
+def _standin(args: argparse.Namespace, progress) -> int:
+    from swarm_node.commands._preflight import writable_dir
+    from swarm_node.errors import UserFacingError
+    from swarm_node.models.standins import build_standin
+
+    if args.out is None:
+        raise UserFacingError("--standin needs --out DIR (a stand-in is not a preset: it does not learn)")
+    out = writable_dir(args.out, "--out")
+    progress(f"building a random-init stand-in of {args.standin} into {out}")
+    meta = build_standin(args.standin, out, seed=args.seed)
+    if args.json:
+        print(json.dumps(meta, sort_keys=True))
+    else:
+        print(f"built a stand-in of {meta['source_model']} ({meta['arch']}, {meta['parameters']:,} parameters, "
+              f"random weights, {meta['build_seconds']:.1f} s) -> {out}")
     return 0

@@ -96,8 +96,9 @@ class MemoryPlan:
         """(part, size) lines of the plan, for printing."""
         out = [(f"training step: {k}", _gib(v)) for k, v in self.train.items()]
         out.append(("training step peak", _gib(self.train_peak)))
-        out += [(f"sampling: {k}", _gib(v)) for k, v in self.sample.items()]
-        out.append(("sampling peak", _gib(self.sample_peak)))
+        if self.sample:
+            out += [(f"sampling: {k}", _gib(v)) for k, v in self.sample.items()]
+            out.append(("sampling peak", _gib(self.sample_peak)))
         if self.engine:
             out += [(f"vLLM engine: {k}", _gib(v)) for k, v in self.engine.items()]
             out.append(("vLLM engine", _gib(self.engine_total) + (" (sleeps during the step)" if self.engine_sleeps
