@@ -133,6 +133,11 @@ def load_model(
         model = wrap_lora(model, lora)
     autocast_forwards(model, dt)
     model.train()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    trained = {str(p.dtype).replace("torch.", "") for p in model.parameters() if p.requires_grad}
+    log.info("model %s on %s%s: %s compute, trained weights in %s", name or (local.name if is_local else path), dev,
+             f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "", str(dt).replace("torch.", ""),
+             "/".join(sorted(trained)) or "-")
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

@@ -83,6 +83,8 @@ class Peer:
     log_path: Path | None = None
     extra_args: list[str] = field(default_factory=list)
     wrap: list[str] = field(default_factory=list)  # a command prefix, e.g. `ip netns exec NS`
+    env: dict[str, str] = field(default_factory=dict)  # set in the child's environment (e.g. CUDA_VISIBLE_DEVICES)
+    threads: int = 1  # the child's OMP/MKL threads
 
     @property
     def metrics(self) -> Path:
@@ -96,8 +98,8 @@ class Peer:
         if initial_peers:
             args += ["--initial-peers", *initial_peers]
         with open(self.log_path, "a") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen([*self.wrap, *cli(*args)], stdout=log, stderr=subprocess.STDOUT, env=child_env(),
-                                         start_new_session=True)
+            self.proc = subprocess.Popen([*self.wrap, *cli(*args)], stdout=log, stderr=subprocess.STDOUT,
+                                         env={**child_env(self.threads), **self.env}, start_new_session=True)
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
