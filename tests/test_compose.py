@@ -227,9 +227,15 @@ def test_dockerfile_layers_user_health_and_build_args():
     words = [w for w, _ in ins]
     assert ins[0] == ("ARG", "BASE_IMAGE=python:3.11-slim") and ins[1] == ("FROM", "${BASE_IMAGE}")
     args = {rest.split("=")[0] for w, rest in ins if w == "ARG"}
-    assert {"TORCH_VARIANT", "TORCH_INDEX_URL", "TORCH_WHEEL_DIR"} <= args
+    assert {"TORCH_VARIANT", "TORCH_INDEX_URL", "TORCH_WHEEL_DIR", "VLLM_VERSION"} <= args
     runs = [i for i, (w, rest) in enumerate(ins) if w == "RUN"]
     torch_run = next(i for i in runs if "torch==" in ins[i][1])
+    # the CUDA image installs vLLM's CUDA build with its torch, in the same layer, pinned like the [vllm] extra
+    assert 'vllm==${VLLM_VERSION}' in ins[torch_run][1] and "TORCH_VARIANT\" = cuda" in ins[torch_run][1]
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["vllm"]
+    assert extra == [f"vllm=={next(r.split('=')[1] for w, r in ins if w == 'ARG' and r.startswith('VLLM_VERSION='))}"]
     source_copy = next(i for i, (w, rest) in enumerate(ins) if w == "COPY" and rest.startswith("swarm_node"))
     presets_run = next(i for i in runs if "make-model" in ins[i][1])
     assert torch_run < source_copy < presets_run, "torch before the source; presets built from the source"
