@@ -55,6 +55,13 @@ def gap_gate(stats: dict) -> bool:
     return stats["mean_abs"] <= GAP_MEAN and stats["outside_half_two"] <= GAP_OUTSIDE
 
 
+def sample_round(generator, cfg, prompts, max_new: int, seed: int):
+    """The round's G completions per prompt at the gap temperature, as groups with mixed rewards."""
+    out = generator.generate(prompts, cfg.generation.num_generations, max_new_tokens=max_new,
+                             temperature=TEMPERATURE, seed=seed)
+    return as_groups(prompts, out)
+
+
 def as_groups(prompts, out, seed: int = 0):
     from swarm_node.training.groups import TrainGroup
 
@@ -104,9 +111,7 @@ def section_master_weights_and_hf_gap(model_dir: Path, res: dict, gates: dict, m
     loaded = load_model(str(model_dir), dtype="bfloat16", device="cuda")
     gen = make_generator(loaded, cfg.generation)
     prompts = round_prompts(cfg, loaded)
-    out = gen.generate(prompts, cfg.generation.num_generations, max_new_tokens=max_new, temperature=TEMPERATURE,
-                       seed=0)
-    groups = as_groups(prompts, out)
+    groups = sample_round(gen, cfg, prompts, max_new, seed=0)
     trainer = trainer_for(cfg, loaded)
     gap = gap_stats(groups, trainer.completion_logprobs(groups))
     before = [p.detach().clone() for p in loaded.model.parameters()]
@@ -165,9 +170,7 @@ def section_vllm(model_dir: Path, res: dict, gates: dict, max_new: int) -> None:
     engine = make_generator(loaded, cfg.generation, engine_share=plan.engine_share(), sleep=True)
     start_s = time.perf_counter() - t0
     prompts = round_prompts(cfg, loaded)
-    out = engine.generate(prompts, cfg.generation.num_generations, max_new_tokens=max_new, temperature=TEMPERATURE,
-                          seed=0)
-    groups = as_groups(prompts, out)
+    groups = sample_round(engine, cfg, prompts, max_new, seed=0)
     trainer = trainer_for(cfg, loaded)
     gap = gap_stats(groups, trainer.completion_logprobs(groups))
     torch.cuda.synchronize()
@@ -176,9 +179,7 @@ def section_vllm(model_dir: Path, res: dict, gates: dict, max_new: int) -> None:
     free_asleep = torch.cuda.mem_get_info()[0]
     step = trainer.step(groups)
     engine.resume(loaded.model, changed=step.stepped)
-    after = engine.generate(prompts, cfg.generation.num_generations, max_new_tokens=max_new, temperature=TEMPERATURE,
-                            seed=1)
-    groups2 = as_groups(prompts, after)
+    groups2 = sample_round(engine, cfg, prompts, max_new, seed=1)
     gap_after = gap_stats(groups2, trainer.completion_logprobs(groups2))
     freed = (free_asleep - free_awake) / 2**30
     engine_gib = plan.engine_total / 2**30
@@ -220,34 +221,14 @@ def section_node_round(model_dir: Path, res: dict, gates: dict, max_new: int) ->
 
 def section_trl(model_dir: Path, res: dict, max_new: int) -> None:
     import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from swarm_node.tasks import get_task
+    from benchmarks.real_trl import trl_inputs
 
     cfg = node_cfg(model_dir, f"generation.max_new_tokens={max_new}")
-    task = get_task(cfg.task)
     steps = 2
-    rounds = [task.train_prompts(cfg.task.prompts_per_round, np.random.default_rng([cfg.seed, cfg.task.seed, r]))
-              for r in range(1, steps + 1)]
-    flat = [p for ps in rounds for p in ps]
-    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": p.text}] for p in flat],
-                              "prompt_id": [p.id for p in flat]})
-
-    def reward(completions, prompt_id, **_kw) -> list[float]:
-        return [task.reward(task.prompt_from_id(pid), c[0]["content"]) for c, pid in zip(completions, prompt_id,
-                                                                                          strict=True)]
-
-    times: list[float] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, *_a, **_k):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *_a, **_k):
-            times.append(time.perf_counter() - self.t0)
-
+    data, reward, timer, times = trl_inputs(cfg, steps)
     g = cfg.generation
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -260,7 +241,7 @@ def section_trl(model_dir: Path, res: dict, max_new: int) -> None:
             beta=0.0, num_iterations=1, loss_type="grpo", shuffle_dataset=False, gradient_checkpointing=True,
             use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True, vllm_gpu_memory_utilization=0.3)
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=targs, train_dataset=data, processing_class=tok,
-                              callbacks=[Timer()])
+                              callbacks=[timer])
         trainer.train()
     res["trl"] = {"steps_s": times, "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30}
     ours = res.get("node_round", {}).get("rounds", [])

@@ -80,19 +80,18 @@ def arm_ours(args: argparse.Namespace) -> dict:
     return {"steps": steps, "accuracy": acc, "hits": hits}
 
 
-def arm_trl(args: argparse.Namespace) -> dict:
-    import torch
+def trl_inputs(cfg, steps: int) -> tuple:
+    """What TRL's GRPOTrainer needs to train on a node's rounds: the dataset of rounds 1..steps' prompts
+    (exactly what GRPONode._rng(r) draws, as chat messages), the task's own reward, and a callback that
+    appends each step's seconds to the returned list."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import TrainerCallback
 
-    from swarm_node.models.factory import ensure_preset
     from swarm_node.tasks import get_task
 
-    cfg = node_config(args)
     task = get_task(cfg.task)
     rounds = [task.train_prompts(cfg.task.prompts_per_round, np.random.default_rng([cfg.seed, cfg.task.seed, r]))
-              for r in range(1, args.steps + 1)]  # exactly what GRPONode._rng(r) draws
+              for r in range(1, steps + 1)]
     flat = [p for ps in rounds for p in ps]
     data = Dataset.from_dict({"prompt": [[{"role": "user", "content": p.text}] for p in flat],
                               "prompt_id": [p.id for p in flat]})
@@ -110,6 +109,18 @@ def arm_trl(args: argparse.Namespace) -> dict:
         def on_step_end(self, *_a, **_k):
             times.append(time.perf_counter() - self.t0)
 
+    return data, reward, Timer(), times
+
+
+def arm_trl(args: argparse.Namespace) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from swarm_node.models.factory import ensure_preset
+
+    cfg = node_config(args)
+    data, reward, timer, times = trl_inputs(cfg, args.steps)
     path = str(ensure_preset("smollm2-135m"))
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -124,7 +135,7 @@ def arm_trl(args: argparse.Namespace) -> dict:
             loss_type="grpo", scale_rewards="group", shuffle_dataset=False, disable_dropout=True,
             dataloader_num_workers=0)
         trainer = GRPOTrainer(model=model, reward_funcs=reward, args=targs, train_dataset=data, processing_class=tok,
-                              callbacks=[Timer()])
+                              callbacks=[timer])
         trainer.train()
     model.eval()
     acc, hits = evaluate_model(model, tok, cfg)

@@ -144,9 +144,10 @@ class TrainingConfig(_Section):
     weight_decay: float = Field(0.0, ge=0.0, description="decoupled weight decay (adamw)")
     grad_clip: float = Field(1.0, gt=0.0, description="max global grad norm")
     micro_batch_tokens: int = Field(
-        8192, ge=16, description="padded tokens (sequences x longest) per forward pass when recomputing log-probs: "
-        "bounds the activations whatever the lengths (`swarm-node plan` sizes it for a card); a longer sequence "
-        "runs alone. Out of memory halves it and retries the step")
+        8192, ge=16, description="tokens one micro-batch's forwards run when recomputing log-probs (its distinct "
+        "prompts + its completion rows, padding included): bounds the activations whatever the lengths "
+        "(`swarm-node plan` says what fits a card); a longer sequence runs alone. Out of memory halves it and "
+        "retries the step")
     micro_batch_size: int | None = Field(None, ge=1, description="at most this many sequences per forward pass "
                                          "as well; None: the token budget alone decides")
     logits_chunk_tokens: int | None = Field(

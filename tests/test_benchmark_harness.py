@@ -128,7 +128,8 @@ def test_heldout_score_is_the_nodes_own_evaluation(chat_model, tmp_path, monkeyp
     calls = []
     real = evaluation.score_prompts
 
-    def spy(model, tok, task, prompts, max_new_tokens, batch_size=256, encode=None):
+    def spy(model, tok, task, prompts, max_new_tokens, batch_size=256, encode=None, generator=None):
+        assert generator is None  # a transformers node evaluates with transformers, as the benchmarks do
         calls.append(([p.id for p in prompts], max_new_tokens, batch_size, [encode(p.text) for p in prompts]))
         return real(model, tok, task, prompts, max_new_tokens, batch_size, encode)
 

@@ -18,7 +18,7 @@ import pytest
 
 from swarm_node.node.metrics import read_metrics
 from swarm_node.runs.local_swarm import Peer, child_env, cli, stop_process, write_peer_config
-from tests.tooling.full_disk import FileSizeLimit, TmpfsDisk, mount_tmpfs
+from tests.tooling.full_disk import FileSizeLimit, mount_tmpfs, tmpfs_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -79,19 +79,28 @@ def _stop_inside_step(peer: Peer, step_line: str, step_fn: str, first_round: int
     raise AssertionError(f"the signal never landed inside {step_fn} in {attempts} attempts")
 
 
-def _check_resumes(peer: Peer, ck_round: int, next_round: int, rounds: int) -> None:
-    """The checkpoint is the stopped round's, and a restart continues right after it to the end."""
-    from swarm_node.node.checkpoint import latest_checkpoint
-
-    assert latest_checkpoint(peer.state_dir).round == ck_round
-    peer.extra_args = [*peer.extra_args, "--set", f"rounds={rounds}"]
+def _run_until_done(peer: Peer, extra_args: list[str]) -> str:
+    """Start the node with `extra_args`, wait for its clean exit, and return what it logged (no traceback)."""
+    start = len(peer.log_path.read_text()) if peer.log_path is not None and peer.log_path.exists() else 0
+    peer.extra_args = extra_args
     peer.start(None)
     try:
         assert peer.proc.wait(300) == 0, _tail(peer.log_path)
     finally:
         if peer.running():
             stop_process(peer.proc, grace_s=5)
-    assert f"continuing at round {next_round}" in peer.log_path.read_text(), _tail(peer.log_path)
+    text = peer.log_path.read_text()[start:]
+    assert "Traceback" not in text, text[-3000:]
+    return text
+
+
+def _check_resumes(peer: Peer, ck_round: int, next_round: int, rounds: int) -> None:
+    """The checkpoint is the stopped round's, and a restart continues right after it to the end."""
+    from swarm_node.node.checkpoint import latest_checkpoint
+
+    assert latest_checkpoint(peer.state_dir).round == ck_round
+    text = _run_until_done(peer, [*peer.extra_args, "--set", f"rounds={rounds}"])
+    assert f"continuing at round {next_round}" in text, _tail(peer.log_path)
 
 
 def test_sigterm_inside_the_grpo_training_step(presets: Path, tmp_path: Path) -> None:
@@ -189,11 +198,8 @@ def test_a_disk_that_fills_up_and_frees_again_costs_the_node_no_round(presets: P
     from swarm_node.node.checkpoint import latest_checkpoint
 
     state = tmp_path / "state"
-    tmpfs = None
-    if disk == "tmpfs":
-        tmpfs = TmpfsDisk(state, "32m")
-        if not tmpfs.mounted:
-            pytest.skip("cannot mount a tmpfs (not root); the file_size_limit case fills the disk without root")
+    tmpfs = tmpfs_or_skip(state, "32m", "the file_size_limit case fills the disk without root") \
+        if disk == "tmpfs" else None
     ov = {"rounds": None, "swarm.enabled": False, "task.prompts_per_round": 4, "task.eval_n": 10,
           "metrics.eval_every": 1000, "checkpoint.every_rounds": 2, "checkpoint.keep": 1}
     cfg = write_peer_config(ROOT / "peers" / "tiny-s.yaml", tmp_path / "node.yaml", ov)
@@ -302,17 +308,7 @@ def test_sigkill_then_a_torn_checkpoint_resumes_from_the_newest_readable_and_los
     resumed = before_bad[-1] if before_bad else None  # keep 1: None, unless the kill landed before a prune
 
     def run_to(rounds: int) -> str:
-        start = len(peer.log_path.read_text())
-        peer.extra_args = ["--set", f"rounds={rounds}"]
-        peer.start(None)
-        try:
-            assert peer.proc.wait(300) == 0, _tail(peer.log_path)
-        finally:
-            if peer.running():
-                stop_process(peer.proc, grace_s=5)
-        text = peer.log_path.read_text()[start:]
-        assert "Traceback" not in text, text[-3000:]
-        return text
+        return _run_until_done(peer, ["--set", f"rounds={rounds}"])
 
     # from round 0: stop short of the bad round (a re-save of it would replace it); else train through it
     last = bad.round - 1 if resumed is None else bad.round

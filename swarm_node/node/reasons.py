@@ -48,7 +48,8 @@ REASONS: dict[str, str] = {
     "logprob_outlier": "claimed log-probs that make the mean capped importance weight too large",
     "logprob_skew": "claimed log-probs lowered on positive-advantage completions (running per-peer test)",
     # training
-    "oom_external": "peer groups dropped because training on them ran out of memory (the round retrains alone)",
+    "oom_external": "peer groups dropped because training on them ran out of memory even one sequence at a time "
+                    "(the round retrains alone)",
 }
 
 FAMILIES: dict[str, str] = {

@@ -90,3 +90,13 @@ class FileSizeLimit:
     def works() -> bool:
         """Whether a write past the limit fails with EFBIG here (it does on Linux)."""
         return hasattr(resource, "prlimit") and os.name == "posix"
+
+
+def tmpfs_or_skip(path: Path, size: str, instead: str) -> TmpfsDisk:
+    """A mounted TmpfsDisk at `path`, or skip the test (not root), naming the case that runs `instead`."""
+    import pytest
+
+    disk = TmpfsDisk(path, size)
+    if not disk.mounted:
+        pytest.skip(f"cannot mount a tmpfs (not root); {instead}")
+    return disk
