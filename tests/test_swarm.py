@@ -173,17 +173,17 @@ def test_refusals_and_recovery_after_sigkill(pair):
     assert b.stats()["rejected"].get("too_large") == 1 and b.stats()["bytes_in"] == 0
     # announced small, streamed large: refused from the stream's length header, body unread
     # (the receiver downloads as soon as the announcement is pushed, so the bad bytes are in place first)
-    real = a.blobs.payload  # what a serves, swapped below for bytes that break its announcement
-    a.blobs.payload = lambda kind, r: os.urandom(limit + 10) if r == 1 else real(kind, r)
+    real = a.blobs.served  # what a serves, swapped below for bytes that break its announcement
+    a.blobs.served = lambda kind, r: (os.urandom(limit + 10), bytes(32)) if r == 1 else real(kind, r)
     a.publish("batch", 1, os.urandom(100))
     assert b.receive(2, lockstep=True, round=1, staleness=0, deadline_s=5).batches == []
     assert b.stats()["rejected"]["too_large"] == 2 and b.stats()["bytes_in"] == 0
     # wrong digest
-    a.blobs.payload = lambda kind, r: b"y" * 5000 if r == 2 else real(kind, r)
+    a.blobs.served = lambda kind, r: (b"y" * 5000, bytes(32)) if r == 2 else real(kind, r)
     a.publish("batch", 2, b"x" * 5000)
     assert b.receive(2, lockstep=True, round=2, staleness=0, deadline_s=5).batches == []
     assert b.stats()["rejected"].get("digest_mismatch") == 1
-    a.blobs.payload = real
+    a.blobs.served = real
     # a declining filter takes nothing (the batch stays buffered for a filter that accepts it)
     a.publish("batch", 3, b"ok" * 100)
     # (the batch must be buffered first: a filter that accepts nobody does not wait for it)
@@ -291,7 +291,7 @@ def test_a_peer_missing_from_a_nodes_own_copy_of_the_member_list_stays_in_its_vi
 def test_receive_retries_a_dropped_stream(tmp_path):
     """A peer whose stream closes before replying (twice) is tried again within the deadline."""
     a = SwarmNode(_cfg(), INFO, validate=keep_raw)
-    real, drops = a.blobs.payload, {"left": 2}
+    real, drops = a.blobs.served, {"left": 2}
 
     def dropping(kind: str, round_: int):
         if drops["left"] > 0:
@@ -299,7 +299,7 @@ def test_receive_retries_a_dropped_stream(tmp_path):
             raise ConnectionResetError  # the serving side closes the stream without a reply
         return real(kind, round_)
 
-    a.blobs.payload = dropping  # what the stream handler serves
+    a.blobs.served = dropping  # what the stream handler serves
     a.start()
     b = SwarmNode(_cfg(initial_peers=a.visible_maddrs()), INFO, validate=keep_raw).start()
     try:

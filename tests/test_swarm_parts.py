@@ -122,3 +122,59 @@ def test_a_node_alone_in_its_member_reads_pings_the_peers_it_knows(monkeypatch) 
     node._refresh_view()
     node._rejoin_if_alone(t + 10 * every)
     assert len(pings) == 2 and node._alone_reads == 0
+
+
+class _Writer:
+    """What the blob handler writes to, without a stream."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data) -> None:
+        self.data += bytes(data)
+
+    async def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_serving_a_blob_hashes_nothing_on_the_event_loop(monkeypatch) -> None:
+    """Before: the upload handler hashed the whole blob (up to max_batch_bytes) on the event loop for every
+    request, though its digest was computed when it was published. Now it sends the stored digest."""
+    import asyncio
+    import hashlib
+    import json
+
+    from swarm_node.swarm import transfer
+    from swarm_node.swarm.blobs import describe
+
+    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # not started: its parts only
+    payload = b"p" * (3 << 20)
+    node.blobs.put("batch", describe(7, payload), payload)
+    hashed = []
+
+    class CountingHashlib:
+        @staticmethod
+        def sha256(data=b""):
+            hashed.append(len(data))
+            return hashlib.sha256(data)
+
+    monkeypatch.setattr(transfer, "hashlib", CountingHashlib)
+    handler = node.dht.handlers[transfer.HANDLER]
+    req = json.dumps({"kind": "batch", "round": 7}).encode()
+
+    async def serve() -> bytes:
+        reader, writer = asyncio.StreamReader(), _Writer()
+        reader.feed_data(len(req).to_bytes(2, "big") + req)
+        reader.feed_eof()
+        await handler(types.SimpleNamespace(peer_id="requester"), reader, writer)
+        return bytes(writer.data)
+
+    for _ in range(3):
+        sent = asyncio.run(serve())
+        assert sent[:1] == transfer.FOUND and int.from_bytes(sent[1:9], "big") == len(payload)
+        assert sent[9:41] == hashlib.sha256(payload).digest() and sent[41:] == payload
+    assert hashed == []
+    assert node.stats()["served"] == 3

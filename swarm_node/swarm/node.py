@@ -75,7 +75,7 @@ class SwarmNode:
         self.blobs = BlobStore(min(max(8, cfg.staleness_rounds + 1), MAX_ANNOUNCED_ROUNDS))
         handlers = {
             # late-bound lookup, so a test may swap what is served after start
-            transfer.HANDLER: transfer.make_handler(lambda k, r: self.blobs.payload(k, r), self._served,
+            transfer.HANDLER: transfer.make_handler(lambda k, r: self.blobs.served(k, r), self._served,
                                                     self.counters.reject, kinds=frozenset(KINDS)),
             announce.HANDLER: announce.make_handler(lambda *a: self.receiver.on_announcement(*a)),
         }

@@ -65,7 +65,10 @@ class UploadLimits:
     write_timeout_s: float = 10.0  # for each chunk (1 MiB) to drain: at least ~100 KiB/s, else cut off
 
 
-BlobLookup = Callable[[str, int], "bytes | None"]
+BlobLookup = Callable[[str, int], "tuple[bytes, bytes] | None"]
+"""(kind, round) -> (payload, its sha256 digest) of a blob we keep, or None. The digest is the one stored
+with the blob (`BlobStore.served`): hashing a payload of up to max_batch_bytes on the event loop for every
+request would stall every stream handler of the node for as long."""
 Refused = Callable[[str, str, str], None]  # (reason, peer id, detail)
 
 
@@ -124,10 +127,11 @@ def make_handler(lookup: BlobLookup, on_sent: Callable[[int], None], on_refused:
                 await _write(writer, BUSY, limits.write_timeout_s)
                 return
             kind, round_ = await _read_request(reader, kinds, limits.request_timeout_s)
-            payload = lookup(kind, round_)
-            if payload is None:
+            blob = lookup(kind, round_)
+            if blob is None:
                 await _write(writer, MISSING, limits.write_timeout_s)
                 return
+            payload, digest = blob
             try:
                 await asyncio.wait_for(uploads.acquire(), limits.slot_wait_s)
             except asyncio.TimeoutError:
@@ -135,8 +139,7 @@ def make_handler(lookup: BlobLookup, on_sent: Callable[[int], None], on_refused:
                 await _write(writer, BUSY, limits.write_timeout_s)
                 return
             try:
-                await _write(writer, FOUND + len(payload).to_bytes(8, "big") + hashlib.sha256(payload).digest(),
-                             limits.write_timeout_s)
+                await _write(writer, FOUND + len(payload).to_bytes(8, "big") + digest, limits.write_timeout_s)
                 view = memoryview(payload)
                 for off in range(0, len(view), CHUNK):
                     await _write(writer, view[off : off + CHUNK], limits.write_timeout_s)
