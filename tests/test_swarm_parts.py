@@ -178,3 +178,30 @@ def test_serving_a_blob_hashes_nothing_on_the_event_loop(monkeypatch) -> None:
         assert sent[9:41] == hashlib.sha256(payload).digest() and sent[41:] == payload
     assert hashed == []
     assert node.stats()["served"] == 3
+
+
+def test_the_peers_skipped_as_unreachable_are_pruned_and_bounded(monkeypatch) -> None:
+    """Before: a peer whose push failed stayed in PeerView._unreachable forever (its skip long over, the peer
+    long forgotten), so fresh identities that pushed to us and went away grew it without bound. Now a
+    member read drops skips that are over and peers forgotten, and failures keep at most MAX_VIEW."""
+    import asyncio
+
+    from swarm_node.swarm import view as view_module
+    from swarm_node.swarm.loop import LoopThread
+
+    cfg = SwarmConfig(enabled=True, heartbeat_s=0.05)
+    v = view_module.PeerView(cfg, "grpo", None, lambda: None, LoopThread(), SwarmCounters(logging.getLogger("t")),
+                             logging.getLogger("t"))
+
+    async def fail_pushes(pids) -> None:
+        for pid in pids:
+            await v._push_one(pid, b"frame")  # no P2P: every push fails
+
+    asyncio.run(fail_pushes([f"gone{i}" for i in range(20)]))
+    assert len(v._unreachable) == 20
+    time.sleep(0.1)  # their skips are over
+    v.update({}, set())
+    assert v._unreachable == {}
+    monkeypatch.setattr(view_module, "MAX_VIEW", 8)
+    asyncio.run(fail_pushes([f"sybil{i}" for i in range(100)]))
+    assert list(v._unreachable) == [f"sybil{i}" for i in range(92, 100)]

@@ -66,7 +66,7 @@ class PeerView:
         self._lock = threading.Lock()
         self._greeted: set[str] = set()
         self._pushing: set[str] = set()  # loop thread only
-        self._unreachable: dict[str, float] = {}  # peer -> monotonic time until which we skip it
+        self._unreachable: dict[str, float] = {}  # peer -> monotonic time until which we skip it (bounded)
         # peer -> when its pushes began to fail (none got through since); kept while a peer drops out of a
         # member list and back (a replica's copy may lack it), so only a push that gets through resets it
         self._failing_since: dict[str, float] = {}
@@ -106,6 +106,10 @@ class PeerView:
             for pid in gone:
                 del self._peers[pid]
                 self._greeted.discard(pid)
+                self._unreachable.pop(pid, None)
+            now = time.monotonic()
+            for pid in [p for p, until in self._unreachable.items() if until <= now]:
+                del self._unreachable[pid]  # its heartbeat of skipping is over
         return gone
 
     def unreachable_for(self, min_s: float) -> list[str]:
@@ -181,8 +185,11 @@ class PeerView:
                 self._failing_since.pop(pid, None)
         except Exception as exc:  # dial failures, timeouts (a stopped peer), closed streams
             self.counters.add("push_failed")
-            self._unreachable[pid] = time.monotonic() + self.cfg.heartbeat_s
             with self._lock:
+                self._unreachable.pop(pid, None)  # re-inserted last: the dict's order is the order of failures
+                self._unreachable[pid] = time.monotonic() + self.cfg.heartbeat_s
+                while len(self._unreachable) > MAX_VIEW:  # bounded: the oldest skip ends early
+                    self._unreachable.pop(next(iter(self._unreachable)))
                 self._failing_since.setdefault(pid, time.monotonic())
                 while len(self._failing_since) > 2 * MAX_VIEW:  # bounded: the oldest entries go first
                     self._failing_since.pop(next(iter(self._failing_since)))
