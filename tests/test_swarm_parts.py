@@ -205,3 +205,23 @@ def test_the_peers_skipped_as_unreachable_are_pruned_and_bounded(monkeypatch) ->
     monkeypatch.setattr(view_module, "MAX_VIEW", 8)
     asyncio.run(fail_pushes([f"sybil{i}" for i in range(100)]))
     assert list(v._unreachable) == [f"sybil{i}" for i in range(92, 100)]
+
+
+def test_a_batch_offer_over_the_batch_cap_is_refused_before_any_download() -> None:
+    """A GRPO node passes the largest payload a valid batch can be (`batch_cap`); an offer over it is refused
+    as too_large without a download, while DPO's parameters keep swarm.max_batch_bytes."""
+    import asyncio
+
+    from swarm_node.swarm.records import BlobEntry
+
+    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw, batch_cap=10_000)
+    spawned = []
+    node.loop.spawn = spawned.append
+    node.receiver.on_announcement("peer", _announcement(1, size=10_001, model_name="m"), "", 400)
+    assert node.stats()["rejected"] == {"too_large": 1} and spawned == []
+    node.receiver.on_announcement("peer", _announcement(2, size=10_000, model_name="m"), "", 400)
+    assert len(spawned) == 1
+    spawned[0].close()
+    entry = BlobEntry(round=3, size=10_001, sha256="0" * 64)
+    _payload, reason = asyncio.run(node.receiver._download("params", "peer", entry, 1.0))
+    assert reason == "stream_error"  # not too_large: no P2P here, so the download itself fails

@@ -62,11 +62,13 @@ class SwarmNode:
     the decode thread before a batch is buffered, so the round takes only validated batches; None for a
     peer that takes no batches (DPO: its announcements of batches are declined before any download).
     `accept` picks the peers we push to and download from (by their mode, task, tokenizer...); None:
-    our own mode.
+    our own mode. `batch_cap`: the largest rollout batch we download (a GRPO node: the largest payload a
+    batch within its receive limits can be, node/limits.py); None: `swarm.max_batch_bytes`, which also
+    bounds DPO's parameter payloads.
     """
 
     def __init__(self, cfg: SwarmConfig, info: PeerInfo, *, validate: Validator | None, accept: Accept | None = None,
-                 logger: logging.Logger | None = None):
+                 batch_cap: int | None = None, logger: logging.Logger | None = None):
         self.cfg = cfg
         self.info = info
         self.log = logger or logging.getLogger("swarm_node.swarm")
@@ -83,7 +85,8 @@ class SwarmNode:
         self.membership = Membership(cfg, info, self.dht, self.counters, self.log)
         self.view = PeerView(cfg, info.mode, accept, lambda: self.dht.p2p, self.loop, self.counters, self.log)
         self.receiver = BatchReceiver(cfg, validate, view=self.view, membership=self.membership, dht=self.dht,
-                                      loop=self.loop, counters=self.counters, keep=self.blobs.keep, log=self.log)
+                                      loop=self.loop, counters=self.counters, keep=self.blobs.keep, log=self.log,
+                                      batch_cap=batch_cap)
         self._stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._started = False

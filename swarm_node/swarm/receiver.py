@@ -101,14 +101,16 @@ class BatchReceiver:
 
     def __init__(self, cfg: SwarmConfig, validate: Validator | None, *, view: PeerView, membership: Membership,
                  dht: DHTSupervisor, loop: LoopThread, counters: SwarmCounters, keep: int,
-                 log: logging.Logger) -> None:
+                 log: logging.Logger, batch_cap: int | None = None) -> None:
         self.cfg = cfg
         self.validate = validate
+        # the largest batch we download; other kinds (DPO parameters) keep swarm.max_batch_bytes
+        self.batch_cap = min(cfg.max_batch_bytes, batch_cap or cfg.max_batch_bytes)
         self.keep = keep  # rounds a peer keeps (so an older round is known to be gone)
         self.log = log
         self.intake = Intake(
             Freshness(cfg.max_batch_age_s, cfg.max_version_lag, cfg.max_clock_skew_s, cfg.max_version_jump),
-            max_batches=cfg.buffer_batches, max_bytes=cfg.buffer_bytes, max_size=cfg.max_batch_bytes,
+            max_batches=cfg.buffer_batches, max_bytes=cfg.buffer_bytes, max_size=self.batch_cap,
         )
         # the parts it calls
         self.view = view
@@ -200,9 +202,10 @@ class BatchReceiver:
     async def _download(self, kind: str, peer_id: str, entry: BlobEntry,
                         timeout: float) -> tuple[bytes | None, str | None]:
         """One download -> (payload, None), or (None, reason) after a counted, logged rejection."""
-        if entry.size > self.cfg.max_batch_bytes:
+        limit = self.batch_cap if kind == "batch" else self.cfg.max_batch_bytes
+        if entry.size > limit:
             self.counters.reject(reasons.TOO_LARGE, peer_id, f"{kind} round {entry.round}: announced {entry.size} "
-                                 f"bytes > limit {self.cfg.max_batch_bytes}")
+                                 f"bytes > limit {limit}")
             return None, reasons.TOO_LARGE
         p2p = self.dht.p2p
         if p2p is None:
@@ -211,7 +214,7 @@ class BatchReceiver:
         try:
             payload = await with_deadline(
                 download(p2p, peer_id, kind, entry.round, expected_size=entry.size, expected_sha256=entry.sha256,
-                         max_bytes=self.cfg.max_batch_bytes, on_received=lambda n: self.counters.add("bytes_in", n)),
+                         max_bytes=limit, on_received=lambda n: self.counters.add("bytes_in", n)),
                 timeout,
             )
         except TransferError as exc:
