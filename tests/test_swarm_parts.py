@@ -225,3 +225,47 @@ def test_a_batch_offer_over_the_batch_cap_is_refused_before_any_download() -> No
     entry = BlobEntry(round=3, size=10_001, sha256="0" * 64)
     _payload, reason = asyncio.run(node.receiver._download("params", "peer", entry, 1.0))
     assert reason == "stream_error"  # not too_large: no P2P here, so the download itself fails
+
+
+def test_download_slots_serve_trusted_peers_first_and_cap_strangers() -> None:
+    """Before: a FIFO semaphore of 4, so stallers that announced first held every slot ahead of an
+    established peer. Now strangers hold at most their share, and a freed slot goes to the best rank."""
+    import asyncio
+
+    from swarm_node.swarm.slots import DownloadSlots
+
+    async def run() -> list[str]:
+        slots = DownloadSlots(total=4, stranger_slots=2)
+        order: list[str] = []
+
+        async def download(name: str, rank: int, hold: asyncio.Event) -> None:
+            await slots.acquire((rank, 0), stranger=rank > 0)
+            order.append(name)
+            await hold.wait()
+            slots.release(stranger=rank > 0)
+
+        holds = {f"s{i}": asyncio.Event() for i in range(6)} | {"e0": asyncio.Event(), "e1": asyncio.Event(),
+                                                                 "e2": asyncio.Event()}
+        tasks = [asyncio.create_task(download(f"s{i}", 1, holds[f"s{i}"])) for i in range(6)]
+        await asyncio.sleep(0)
+        assert order == ["s0", "s1"] and slots.held == 2  # strangers' share: 2 of 4, the rest waits
+        tasks += [asyncio.create_task(download(f"e{i}", 0, holds[f"e{i}"])) for i in range(3)]
+        await asyncio.sleep(0)
+        assert order == ["s0", "s1", "e0", "e1"]  # established peers take the free slots at once
+        holds["s0"].set()  # a stranger's slot frees: the waiting established peer goes first
+        await asyncio.sleep(0.01)
+        assert order[-1] == "e2" and slots.held == 4
+        holds["e0"].set()  # an established peer's slot frees: a stranger may take it again (1 of 2 held)
+        await asyncio.sleep(0.01)
+        assert order[-1] == "s2" and slots.strangers_held == 2
+        waiting = asyncio.create_task(download("s9", 1, asyncio.Event()))
+        await asyncio.sleep(0)
+        waiting.cancel()  # a cancelled wait holds nothing
+        for e in holds.values():
+            e.set()
+        await asyncio.gather(*tasks)
+        assert slots.held == 0 and slots.strangers_held == 0 and slots.waiting() == 0
+        return order
+
+    order = asyncio.run(run())
+    assert sorted(order) == sorted(["s0", "s1", "s2", "s3", "s4", "s5", "e0", "e1", "e2"])

@@ -36,7 +36,7 @@ from swarm_node.swarm.intake import Intake
 from swarm_node.swarm.loop import LoopThread
 from swarm_node.swarm.membership import STORE_BEAM, Membership, PeerInfo
 from swarm_node.swarm.ratelimit import RateLimitedLog
-from swarm_node.swarm.receiver import BatchReceiver, RoundIntake, Validator
+from swarm_node.swarm.receiver import BatchReceiver, Rank, RoundIntake, Validator
 from swarm_node.swarm.records import KINDS, MAX_ANNOUNCED_ROUNDS, MemberRecord
 from swarm_node.swarm.supervisor import DHTSupervisor
 from swarm_node.swarm.view import Accept, PeerView
@@ -64,11 +64,13 @@ class SwarmNode:
     `accept` picks the peers we push to and download from (by their mode, task, tokenizer...); None:
     our own mode. `batch_cap`: the largest rollout batch we download (a GRPO node: the largest payload a
     batch within its receive limits can be, node/limits.py); None: `swarm.max_batch_bytes`, which also
-    bounds DPO's parameter payloads.
+    bounds DPO's parameter payloads. `rank(peer_id)` orders the waits for download slots: 0 for a peer we
+    trust (a GRPO node: an identity its newcomer gate has established), higher for strangers, which share
+    at most half the slots (receiver.Rank); None: everyone alike.
     """
 
     def __init__(self, cfg: SwarmConfig, info: PeerInfo, *, validate: Validator | None, accept: Accept | None = None,
-                 batch_cap: int | None = None, logger: logging.Logger | None = None):
+                 batch_cap: int | None = None, rank: Rank | None = None, logger: logging.Logger | None = None):
         self.cfg = cfg
         self.info = info
         self.log = logger or logging.getLogger("swarm_node.swarm")
@@ -86,7 +88,7 @@ class SwarmNode:
         self.view = PeerView(cfg, info.mode, accept, lambda: self.dht.p2p, self.loop, self.counters, self.log)
         self.receiver = BatchReceiver(cfg, validate, view=self.view, membership=self.membership, dht=self.dht,
                                       loop=self.loop, counters=self.counters, keep=self.blobs.keep, log=self.log,
-                                      batch_cap=batch_cap)
+                                      batch_cap=batch_cap, rank=rank)
         self._stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._started = False
