@@ -269,3 +269,32 @@ def test_download_slots_serve_trusted_peers_first_and_cap_strangers() -> None:
 
     order = asyncio.run(run())
     assert sorted(order) == sorted(["s0", "s1", "s2", "s3", "s4", "s5", "e0", "e1", "e2"])
+
+
+def test_pushes_go_to_trusted_peers_first_with_one_place_for_strangers() -> None:
+    """Anyone who pushes to us joins the view; 64 identities that only announce took ~60 of every 64 pushes
+    of an honest node, so its established peer heard of its batches only now and then. With a rank, the
+    trusted peers fill all but one of the F places; strangers (newcomers) keep the last one."""
+    from swarm_node.swarm.loop import LoopThread
+    from swarm_node.swarm.records import MemberRecord
+    from swarm_node.swarm.view import PeerView
+
+    def member(pid: str) -> MemberRecord:
+        return MemberRecord(peer_id=pid, mode="grpo", model_name="m", tokenizer_fp="tok", task_id="t", round=1,
+                            updated=time.time())
+
+    trusted = {"honest0", "honest1"}
+    v = PeerView(SwarmConfig(enabled=True), "grpo", None, lambda: None, LoopThread(),
+                 SwarmCounters(logging.getLogger("t")), logging.getLogger("t"),
+                 rank=lambda pid: 0 if pid in trusted else 1)
+    for pid in [f"staller{i}" for i in range(64)] + sorted(trusted):
+        v.heard_from(pid, member(pid))
+    for _ in range(50):
+        picked = v.targets(4)
+        assert trusted <= set(picked) and len(picked) == 4  # both trusted peers, and two strangers
+    trusted |= {f"honest{i}" for i in range(2, 8)}
+    for pid in sorted(trusted):
+        v.heard_from(pid, member(pid))
+    picked = [v.targets(4) for _ in range(50)]
+    assert all(sum(p in trusted for p in ps) == 3 for ps in picked)  # one place left for a newcomer
+    assert len(v.targets(100)) == 72  # a greeting round still reaches everyone

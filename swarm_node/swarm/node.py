@@ -64,9 +64,10 @@ class SwarmNode:
     `accept` picks the peers we push to and download from (by their mode, task, tokenizer...); None:
     our own mode. `batch_cap`: the largest rollout batch we download (a GRPO node: the largest payload a
     batch within its receive limits can be, node/limits.py); None: `swarm.max_batch_bytes`, which also
-    bounds DPO's parameter payloads. `rank(peer_id)` orders the waits for download slots: 0 for a peer we
-    trust (a GRPO node: an identity its newcomer gate has established), higher for strangers, which share
-    at most half the slots (receiver.Rank); None: everyone alike.
+    bounds DPO's parameter payloads. `rank(peer_id)`: 0 for a peer we trust (a GRPO node: an identity its
+    newcomer gate has established), higher for strangers (receiver.Rank). It orders the waits for download
+    slots (strangers share at most half of them) and picks whom we push to (trusted peers first, one place
+    kept for strangers); None: everyone alike.
     """
 
     def __init__(self, cfg: SwarmConfig, info: PeerInfo, *, validate: Validator | None, accept: Accept | None = None,
@@ -85,7 +86,8 @@ class SwarmNode:
         }
         self.dht = DHTSupervisor(cfg, self.loop, handlers, self.log)
         self.membership = Membership(cfg, info, self.dht, self.counters, self.log)
-        self.view = PeerView(cfg, info.mode, accept, lambda: self.dht.p2p, self.loop, self.counters, self.log)
+        self.view = PeerView(cfg, info.mode, accept, lambda: self.dht.p2p, self.loop, self.counters, self.log,
+                             rank=rank)
         self.receiver = BatchReceiver(cfg, validate, view=self.view, membership=self.membership, dht=self.dht,
                                       loop=self.loop, counters=self.counters, keep=self.blobs.keep, log=self.log,
                                       batch_cap=batch_cap, rank=rank)
