@@ -24,7 +24,14 @@ from pathlib import Path
 
 from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.node.metrics import read_metrics
-from swarm_node.runs.local_swarm import Peer, child_env, start_bootstrap, stop_process, stop_processes, write_peer_config
+from swarm_node.runs.local_swarm import (
+    Peer,
+    child_env,
+    start_bootstrap,
+    stop_process,
+    stop_processes,
+    write_peer_config,
+)
 from tests.adversary import honest_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
