@@ -7,7 +7,7 @@ batch announcement to both honest nodes every honest round and, asked for the ba
 trickle one byte a second). Per honest node, over its rounds before the attack (baseline, same run) and
 during it: of the batches the other honest node published meanwhile (one a round), the share it trained
 on (each at most once), the oldest it trained on (its age by its sender's clock), and the stalled
-downloads it cut off (`swarm:timeout`).
+downloads it cut off (`swarm:stalled`).
 
     python -m benchmarks.stalling_announcers [--quick] [--stallers 64] [--attack-s 60] [--json F]
 """
@@ -55,7 +55,7 @@ def window(rows: list[dict], other: str, t0: float, t1: float) -> dict:
     return {"rounds": len(ws), "rounds_with_other": len(took),
             "share": round(len(took) / len(ws), 3) if ws else None,
             "max_batch_age_s": max(ages, default=None),
-            "timeouts": sum((r.get("rejected") or {}).get("swarm:timeout", 0) for r in ws),
+            "timeouts": sum((r.get("rejected") or {}).get(k, 0) for r in ws for k in ("swarm:stalled", "swarm:timeout")),
             "round_s": round((ws[-1]["time"] - ws[0]["time"]) / max(len(ws) - 1, 1), 2) if len(ws) > 1 else None}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 # ---- downloading a blob (swarm/transfer.py, the download side) ----
 TIMEOUT = "timeout"  # no complete blob (or no DHT announcement of it) within the deadline
+STALLED = "stalled"  # no byte for download_stall_s: a stream that did not open, or a sender that stopped
 TOO_LARGE = "too_large"  # announced or sent more bytes than max_batch_bytes
 STREAM_ERROR = "stream_error"  # the stream could not be opened or broke mid-blob (retried)
 NOT_FOUND = "not_found"  # the peer no longer keeps that round
@@ -48,7 +49,7 @@ STORE_MALFORMED = "store_malformed"  # a StoreRequest whose fields disagree, or 
 # ---- the node's validator (swarm/receiver.py) ----
 VALIDATE_ERROR = "validate_error"  # the validator raised something other than PayloadRefused
 
-TRANSFER_REASONS = (TIMEOUT, TOO_LARGE, STREAM_ERROR, NOT_FOUND, BUSY, SIZE_MISMATCH, DIGEST_MISMATCH)
+TRANSFER_REASONS = (TIMEOUT, STALLED, TOO_LARGE, STREAM_ERROR, NOT_FOUND, BUSY, SIZE_MISMATCH, DIGEST_MISMATCH)
 UPLOAD_REASONS = (BAD_REQUEST, REQUEST_TIMEOUT, UPLOAD_BUSY, UPLOAD_TIMEOUT)
 OFFER_REASONS = (TOO_LARGE, BAD_TIME, FUTURE_TIME, BAD_VERSION, FUTURE_ROUND, STALE_AGE, STALE_VERSION)
 """Intake verdicts that refuse a peer's batch (the intake counts them itself)."""

@@ -5,9 +5,10 @@ one batch and one pending announcement per peer); an offer to fetch is downloade
 the blob stream (length and digest checked), then decoded and checked by the node's validator on its own
 decode thread, and only what passed is buffered. At most MAX_DOWNLOADS run at once (`swarm/slots.py`):
 a slot that frees goes to the peer the node ranks best (`rank`: established peers before strangers, then
-the fewest recent failed downloads), strangers hold at most STRANGER_SLOTS, and each download must end
-within `download_first_byte_s` + size / `download_min_rate` (at most `collect_deadline_s`), so identities
-that announce and never deliver hold a slot for seconds and never one an established peer needs. Each round takes up to K buffered batches without waiting (lockstep:
+the fewest recent failed downloads), strangers hold at most STRANGER_SLOTS, and a download is cut off
+when it gets no byte for `download_stall_s` or has not ended within that plus size / `download_min_rate`
+(at most `collect_deadline_s`), so identities that announce and never deliver hold a slot for seconds
+and never one an established peer needs. Each round takes up to K buffered batches without waiting (lockstep:
 waiting up to a deadline). DPO's parameters use `fetch` instead: one peer's blob for one round, found
 through its DHT announcement.
 """
@@ -173,7 +174,7 @@ class BatchReceiver:
 
     def download_deadline_s(self, size: int) -> float:
         """How long a download of `size` bytes may take: a start, then at least download_min_rate."""
-        return min(self.cfg.collect_deadline_s, self.cfg.download_first_byte_s + size / self.cfg.download_min_rate)
+        return min(self.cfg.collect_deadline_s, self.cfg.download_stall_s + size / self.cfg.download_min_rate)
 
     def _rank_of(self, peer_id: str) -> int:
         if self.rank is None:
@@ -251,7 +252,8 @@ class BatchReceiver:
         try:
             payload = await with_deadline(
                 download(p2p, peer_id, kind, entry.round, expected_size=entry.size, expected_sha256=entry.sha256,
-                         max_bytes=limit, on_received=lambda n: self.counters.add("bytes_in", n)),
+                         max_bytes=limit, on_received=lambda n: self.counters.add("bytes_in", n),
+                         stall_s=self.cfg.download_stall_s),
                 timeout,
             )
         except TransferError as exc:
