@@ -315,6 +315,43 @@ def test_receive_retries_a_dropped_stream(tmp_path):
         a.close()
 
 
+@pytest.mark.slow
+def test_a_dpo_fetch_outlasts_a_neighbour_unreachable_for_a_restart(tmp_path):
+    """DPO's fetch of a neighbour whose streams fail for a while (its DHT child and p2pd restarting: dials
+    refused, protocols not supported yet) keeps trying for FETCH_RETRY_S. Before, it gave up after 3
+    attempts ~0.4 s apart and the round averaged without that neighbour."""
+    from swarm_node.swarm.receiver import FETCH_RETRY_S
+
+    a = SwarmNode(_cfg(), INFO, validate=None)
+    real = a.blobs.served
+    back_at = [float("inf")]
+
+    def restarting(kind: str, round_: int):
+        if time.monotonic() < back_at[0]:
+            raise ConnectionResetError  # the serving side closes the stream without a reply
+        return real(kind, round_)
+
+    a.blobs.served = restarting
+    a.start()
+    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs()), INFO, validate=None).start()
+    try:
+        payload = os.urandom(50_000)
+        a.publish("params", 0, payload)
+        back_at[0] = time.monotonic() + FETCH_RETRY_S / 2
+        t0 = time.monotonic()
+        assert b.fetch("params", a.peer_id, 0, deadline_s=20) == payload
+        assert FETCH_RETRY_S / 2 <= time.monotonic() - t0 < FETCH_RETRY_S + 5
+        assert b.stats()["rejected"]["stream_error"] >= 4  # every failed attempt still counted
+        back_at[0] = float("inf")  # a neighbour that stays gone costs FETCH_RETRY_S, not the whole deadline
+        a.publish("params", 1, payload)
+        t0 = time.monotonic()
+        assert b.fetch("params", a.peer_id, 1, deadline_s=20) is None
+        assert time.monotonic() - t0 < FETCH_RETRY_S + 5
+    finally:
+        b.close()
+        a.close()
+
+
 def test_a_joining_node_waits_for_peers_that_start_later(tmp_path):
     """A node faster to start than its peers: its first round (joining=True) reads membership again until a
     peer shows up, then waits for that peer's first batch, within one deadline. Without joining, a round

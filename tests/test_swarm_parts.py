@@ -298,3 +298,39 @@ def test_pushes_go_to_trusted_peers_first_with_one_place_for_strangers() -> None
     picked = [v.targets(4) for _ in range(50)]
     assert all(sum(p in trusted for p in ps) == 3 for ps in picked)  # one place left for a newcomer
     assert len(v.targets(100)) == 72  # a greeting round still reaches everyone
+
+
+def test_a_member_read_while_the_dht_is_down_answers_with_the_last_one(monkeypatch, tmp_path) -> None:
+    """Before: a read that failed (our DHT child dead or restarting) answered "nobody", so a DPO node averaged
+    with no neighbour and ran its rounds alone, ahead of its neighbours, until the round they next asked it
+    for was one it no longer kept (4 of 10 DHT kills lost a round at both neighbours). Now a failed read
+    answers with the last read that worked, for a record TTL; a read that works and finds nobody is nobody."""
+    from hivemind.p2p import P2P
+
+    from swarm_node.swarm import records
+    from swarm_node.swarm.supervisor import DHTUnavailable
+
+    P2P.generate_identity(str(tmp_path / "peer-a"))
+    subkey = records.subkey_for(records.load_identity_key(str(tmp_path / "peer-a")))
+    pid = records.peer_id_of_subkey(subkey)
+    rec = dict(peer_id=pid, mode="dpo", model_name="m", tokenizer_fp="tok", task_id="t", round=3,
+               updated=time.time(), arch_fp="", client_mode=False)
+    node = SwarmNode(SwarmConfig(enabled=True, record_ttl_s=20.0), INFO, validate=keep_raw)  # never started
+    node.dht.peer_id = "me"
+    dht = {"value": {subkey: types.SimpleNamespace(value=rec)}, "down": False}
+
+    def call(method, key, **kw):  # the DHT child's get, or the error a call raises while it restarts
+        if dht["down"]:
+            raise DHTUnavailable("the DHT is restarting")
+        return types.SimpleNamespace(value=dht["value"])
+
+    monkeypatch.setattr(node.dht, "call", call)
+    assert set(node.membership.read_members()) == {pid}
+    dht["down"] = True
+    assert set(node.membership.read_members()) == {pid}
+    assert [m.peer_id for m in node.live_peers()] == sorted(["me", pid])
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + 21.0)  # a TTL later the records may have expired
+    assert node.membership.read_members() == {}
+    dht["down"], dht["value"] = False, {}
+    assert node.membership.read_members() == {}

@@ -310,7 +310,10 @@ class SwarmNode:
 
     def _heartbeat_loop(self) -> None:
         next_beat = time.monotonic() + self.cfg.heartbeat_s
-        while not self._stop.wait(min(1.0, self.cfg.heartbeat_s)):
+        while not self._stop.is_set():
+            self.dht.wait_for_exit(min(1.0, self.cfg.heartbeat_s))  # returns at once when the DHT child dies
+            if self._stop.is_set():
+                break
             dead = self.dht.dead_child()
             if dead is not None:
                 self._recover(dead)

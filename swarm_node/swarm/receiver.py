@@ -43,6 +43,12 @@ STRANGER_SLOTS = MAX_DOWNLOADS // 2  # slots peers ranked above 0 (not establish
 MAX_FAILURES_KEPT = 4096  # peers whose recent failed downloads are remembered (the least recent dropped)
 FETCH_ATTEMPTS = 3  # a dropped stream is retried within the deadline (each failure is still counted)
 RETRIABLE = frozenset({reasons.STREAM_ERROR})  # refusals worth another try; a bad digest or size is not
+FETCH_RETRIABLE = frozenset({reasons.STREAM_ERROR, reasons.STALLED})
+FETCH_RETRY_S = 6.0
+"""How long DPO's fetch keeps retrying a peer it cannot reach or that stopped sending, from the first such
+failure: about a DHT child's restart (~1-2 s: kill, a new p2pd on the same port, the handlers attached
+again) with room, so a neighbour that restarts is fetched, while one that is gone costs a round this much."""
+FETCH_RETRY_PAUSE_S = 0.5
 
 
 class PayloadRefused(Exception):
@@ -305,19 +311,29 @@ class BatchReceiver:
 
     async def _fetch(self, kind: str, peer_id: str, round_: int, deadline_s: float) -> bytes | None:
         loop = asyncio.get_running_loop()
-        end = time.monotonic() + deadline_s
+        t0 = time.monotonic()
+        end = t0 + deadline_s
         attempts = 0
+        failing_since = None  # first failure to reach the peer or to get bytes from it
         while time.monotonic() < end:
             ann = (await loop.run_in_executor(None, self.membership.read_announcements, kind)).get(peer_id)
             entry = ann.entry(round_) if ann else None
             if entry is not None:
                 attempts += 1
                 payload, reason = await self._download(kind, peer_id, entry, end - time.monotonic())
-                if payload is not None or reason not in RETRIABLE or attempts >= FETCH_ATTEMPTS:
+                failing_since = failing_since or time.monotonic()
+                if (payload is not None or reason not in FETCH_RETRIABLE
+                        or time.monotonic() - failing_since >= FETCH_RETRY_S):
+                    self.log.debug("fetch(%s, %s, round %d): %s after %.2fs, %d attempt(s)", kind, peer_id, round_,
+                                   f"{len(payload)} bytes" if payload is not None else reason,
+                                   time.monotonic() - t0, attempts)
                     return payload
-                await asyncio.sleep(min(0.2, max(end - time.monotonic(), 0.0)))  # a dropped stream: try again
+                # a dropped or silent stream, a peer not reachable yet (its DHT child restarting): again
+                await asyncio.sleep(min(FETCH_RETRY_PAUSE_S, max(end - time.monotonic(), 0.0)))
                 continue
             if ann is not None and ann.latest is not None and ann.latest.round > round_ and len(ann.blobs) >= self.keep:
+                self.log.debug("fetch(%s, %s, round %d): no longer kept (it announces %s) after %.2fs", kind, peer_id,
+                               round_, [b.round for b in ann.blobs], time.monotonic() - t0)
                 return None  # that round is no longer kept by the peer
             await asyncio.sleep(min(POLL_S, max(end - time.monotonic(), 0.0)))
         self.counters.reject(reasons.TIMEOUT, peer_id, f"{kind} round {round_} not announced within {deadline_s:.1f}s")
