@@ -6,8 +6,9 @@ other), tests/adversary.py in mode `stall_announce`: --stallers identities, each
 batch announcement to both honest nodes every honest round and, asked for the batch, never answer (or
 trickle one byte a second). Per honest node, over its rounds before the attack (baseline, same run) and
 during it: of the batches the other honest node published meanwhile (one a round), the share it trained
-on (each at most once), the oldest it trained on (its age by its sender's clock), and the stalled
-downloads it cut off (`swarm:stalled`).
+on (each at most once), that count over the most it could have used (one a round of its own, so
+min(its rounds, the other's)), the oldest it trained on (its age by its sender's clock), and the stalled
+downloads it cut off (`swarm:stalled`, `swarm:timeout`).
 
     python -m benchmarks.stalling_announcers [--quick] [--stallers 64] [--attack-s 60] [--json F]
 """
@@ -96,6 +97,8 @@ def run_once(tmp: Path, presets: Path, seed: int, args) -> dict:
                 sent = window(rows[other], "-", a, b)["rounds"]  # batches the other published meanwhile
                 w["other_batches"] = sent
                 w["used_share"] = round(w["rounds_with_other"] / sent, 3) if sent else None
+                # a node trains on at most one of the other's batches a round: the most it could have used
+                w["used_of_possible"] = round(w["rounds_with_other"] / min(sent, w["rounds"]), 3) if sent and w["rounds"] else None
                 res[me][name] = w
         return res
     finally:
@@ -133,14 +136,15 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             results.append(run_once(Path(tmp), presets, seed, args))
             print(json.dumps(results[-1]), flush=True)
-    print(f"\n{'node':<10}{'window':<8}{'rounds':>7}{'other sent':>11}{'used':>6}{'used share':>11}"
-          f"{'max age s':>10}{'timeouts':>9}{'s/round':>8}")
+    print(f"\n{'node':<10}{'window':<8}{'rounds':>7}{'other sent':>11}{'used':>6}{'used share':>11}{'of possible':>12}"
+          f"{'max age s':>10}{'cut off':>8}{'s/round':>8}")
     for r in results:
         for me in ("honest-a", "honest-b"):
             for w in ("before", "during"):
                 x = r[me][w]
                 print(f"{me:<10}{w:<8}{x['rounds']:>7}{x['other_batches']:>11}{x['rounds_with_other']:>6}"
-                      f"{x['used_share']!s:>11}{x['max_batch_age_s']!s:>10}{x['timeouts']:>9}{x['round_s']!s:>8}")
+                      f"{x['used_share']!s:>11}{x['used_of_possible']!s:>12}{x['max_batch_age_s']!s:>10}{x['timeouts']:>8}"
+                      f"{x['round_s']!s:>8}")
     write_json(args.json, {"results": results}, args)
 
 
