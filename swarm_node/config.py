@@ -202,7 +202,15 @@ class SwarmConfig(_Section):
                                "record itself is re-stored 3 times per record_ttl_s)")
     record_ttl_s: float = Field(60.0, gt=0.0, description="membership / announcement expiry")
     trust_peer_rewards: bool = Field(False, description="use peers' claimed rewards (only for tasks this node cannot verify)")
-    max_batch_bytes: int = Field(64 * 2**20, ge=1024, description="refuse larger payloads before reading them")
+    max_batch_bytes: int = Field(64 * 2**20, ge=1024, description="refuse larger payloads before reading them "
+                                 "(a GRPO node's batches: at most what a valid batch within its receive limits can be)")
+    download_stall_s: float = Field(
+        5.0, gt=0.0, description="a download (a batch or DPO parameters) that gets no byte for this long, from "
+        "opening its stream on, is cut off and counted `stalled`; a batch download's whole deadline is this plus "
+        "size / download_min_rate (at most collect_deadline_s), so a sender that stalls holds a download slot "
+        "that long at most")
+    download_min_rate: int = Field(65536, ge=1, description="bytes per second a batch download must average (see "
+                                   "download_stall_s); slower ones are cut off and counted `timeout`")
     bootstrap_retries: int = Field(5, ge=0, description="join attempts before giving up")
     bootstrap_timeout_s: float = Field(15.0, gt=0.0, description="per join attempt")
 

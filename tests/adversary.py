@@ -59,12 +59,21 @@ MODES: dict[str, tuple[str, ...]] = {
     "wrong_digest": ("swarm:digest_mismatch",),
     "stall": (),
     "junk_requests": ("swarm:bad_request",),
+    # --stallers identities announce batches and never answer (tests/tooling/stallers.py): their downloads
+    # are cut off after download_stall_s without a byte and counted, and never hold an established peer's slot
+    "stall_announce": ("swarm:stalled",),
+    # 4 MiB StoreRequests (~110k records, tests/tooling/dht_flood.py) at the honest node's DHT child
+    "dht_flood": ("swarm:store_too_large",),
 }
 BATCH_MODES = ("false_rewards", "nan_rewards", "extreme_logprobs", "ids_over_vocab", "length_mismatch",
                "wrong_tokenizer", "wrong_task", "fabricate_positive", "fabricate_all", "zstd_bomb", "msgpack_bomb",
                "empty_planes", "stale", "future", "replay_verbatim", "replay_reencoded", "wrong_digest",
                "long_completions")
-MIN_ROUNDS = {"fabricate_positive": 4, "sybil": 3}  # the skew audit needs a few batches of mixed groups per peer
+# the skew audit needs a few batches of mixed groups per peer; a stalled download is counted at its deadline
+MIN_ROUNDS = {"fabricate_positive": 4, "sybil": 3, "stall_announce": 4, "dht_flood": 2}
+MIN_SECONDS = {"stall_announce": 8.0}  # past the first announcement: stalled downloads are cut off (5 s)
+STALLER_BYTES = 20_000  # announced by each staller
+FLOOD_S = 3.0  # seconds of StoreRequests per honest round of dht_flood
 FABRICATE_DELTA = 1.0  # nats taken off the claimed log-probs (exp(1) = 2.7x: the F-TIS cap's full 2x)
 
 log = logging.getLogger("adversary")
@@ -266,6 +275,7 @@ class Adversary:
                              task_id=n.task.task_id)
         self.node = SwarmNode(self.cfg, self.info, validate=keep_raw).start()  # replays take honest bytes
         self.sybils: list = []
+        self.stallers = None  # tests/tooling/stallers.Stallers while stall_announce runs
         self.newest = 0  # newest round we announced a batch for
         self._honest: dict[str, int] = {}
         self._honest_at = -1e9
@@ -417,6 +427,25 @@ class Adversary:
                             log.info("stall: %s", exc)
                 return held
             self._held = getattr(self, "_held", []) + (self.run_on_loop(stall()) or [])
+        elif mode == "stall_announce":
+            self.prepare(mode)
+            self._stall_round = getattr(self, "_stall_round", 0) + 1
+            pushed = self.run_on_loop(self.stallers.announce(
+                list(self.honest()), self._stall_round, mode="grpo", model_name="staller",
+                tokenizer_fp=self.info.tokenizer_fp, task_id=self.info.task_id), timeout=60)
+            log.info("stallers announced round %d: %d pushes got through; %d requests held so far",
+                     self._stall_round, pushed, self.stallers.requests)
+        elif mode == "dht_flood":
+            import functools
+
+            from hivemind.p2p import PeerID
+
+            from tests.tooling.dht_flood import _flood
+
+            for pid in self.honest():
+                counts = node.dht.call("run_coroutine", functools.partial(
+                    _flood, PeerID.from_base58(pid).to_bytes(), "plain", 2, FLOOD_S))
+                log.info("dht_flood at %s: %s", pid, counts)
         elif mode == "junk_requests":
             async def junk():
                 for pid in self.honest():
@@ -427,6 +456,23 @@ class Adversary:
                             log.info("junk: %s", exc)
             self.run_on_loop(junk(), timeout=60)
         return True
+
+    def prepare(self, mode: str) -> None:
+        """What a mode needs before its clock starts: stall_announce's identities (64 p2pd take ~40 s)."""
+        if mode == "stall_announce" and self.stallers is None:
+            t0 = time.monotonic()
+            self.stallers = self.run_on_loop(self.start_stallers(), timeout=300)
+            log.info("%d stallers started in %.1fs", len(self.stallers.p2ps), time.monotonic() - t0)
+
+    async def start_stallers(self):
+        """--stallers identities, each with its own p2pd, connected to the honest peers (at the addresses our
+        p2pd has for them)."""
+        from tests.tooling.stallers import Stallers
+
+        honest = set(self.honest())
+        maddrs = [f"{a}/p2p/{p.peer_id.to_base58()}" for p in await self.node.dht.p2p.list_peers()
+                  if p.peer_id.to_base58() in honest for a in p.addrs[:1]]
+        return await Stallers(self.args.stallers, size=STALLER_BYTES).start(maddrs)
 
     def start_sybils(self) -> None:
         from swarm_node.swarm import PeerInfo, SwarmNode
@@ -439,6 +485,9 @@ class Adversary:
     def end_mode(self, mode: str) -> None:
         if mode == "sybil":
             self._sybil_round = 0
+        if mode == "stall_announce" and self.stallers is not None:
+            self.run_on_loop(self.stallers.close(), timeout=60)
+            self.stallers = None
         for w in getattr(self, "_held", []):
             try:
                 w.close()
@@ -456,10 +505,18 @@ class Adversary:
         while not self.honest() and time.monotonic() < end:
             time.sleep(0.5)
         for mode in modes:
+            try:
+                self.prepare(mode)
+            except Exception as exc:
+                log.warning("mode %s: preparing failed: %r", mode, exc)
+                self.report.setdefault("errors", []).append(f"{mode}: {exc!r}")
             t0 = time.time()
-            done, last = 0, -1
+            done, last, first = 0, -1, None
             give_up = time.monotonic() + self.args.mode_timeout_s
-            while done < max(self.args.rounds_per_mode, MIN_ROUNDS.get(mode, 1)) and time.monotonic() < give_up:
+            while ((done < max(self.args.rounds_per_mode, MIN_ROUNDS.get(mode, 1))
+                    or time.monotonic() - (first or time.monotonic()) < max(MIN_SECONDS.get(mode, 0.0),
+                                                                            self.args.min_mode_s))
+                   and time.monotonic() < give_up):
                 r = self.honest_round()
                 if r > last:
                     try:
@@ -470,6 +527,7 @@ class Adversary:
                         ok = True
                     if ok:
                         last, done = r, done + 1
+                        first = first or time.monotonic()
                 time.sleep(0.2)
             end = time.monotonic() + 10
             while self.honest_round() <= last + 2 and time.monotonic() < end:  # let the honest node take the last
@@ -483,6 +541,7 @@ class Adversary:
 
     def close(self) -> None:
         self.end_mode("sybil")
+        self.end_mode("stall_announce")
         self.node.close()
 
 
@@ -654,10 +713,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds-per-mode", type=int, default=2)
     ap.add_argument("--gap-s", type=float, default=1.0)
     ap.add_argument("--mode-timeout-s", type=float, default=30.0)
+    ap.add_argument("--min-mode-s", type=float, default=0.0, help="run each mode at least this long after its first act")
     ap.add_argument("--wait-s", type=float, default=120.0)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--sybils", type=int, default=3)
+    ap.add_argument("--stallers", type=int, default=64, help="stall_announce: identities that announce and never deliver")
     ap.add_argument("--oversize-bytes", type=int, default=2 << 20)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -221,3 +221,15 @@ def test_whom_we_download_from(tok):
     assert not adm.accepts_peer(m.model_copy(update={"mode": "dpo"}))
     assert not adm.accepts_peer(m.model_copy(update={"task_id": "other"}))
     assert not adm.accepts_peer(m.model_copy(update={"tokenizer_fp": "other"}))
+
+
+def test_the_download_rank_puts_established_peers_first(tok):
+    """The rank a GRPO node gives the swarm for its download slots (SwarmNode(rank=...)): a stranger is 1
+    until its batches passed every check in established_after rounds, then 0; a peer that only announced
+    (its download never delivered) stays 1."""
+    adm = _admission(tok, task)
+    limits = receive_limits(_cfg())
+    assert adm.download_rank("honest") == 1 and adm.download_rank("staller") == 1
+    for r in range(adm.newcomers.established_after):
+        adm.admit([_received("honest", _payload(_rollouts(tok, task, seed=20 + r), tok, task), limits)], ROUND + r)
+    assert adm.download_rank("honest") == 0 and adm.download_rank("staller") == 1

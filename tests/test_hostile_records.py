@@ -5,6 +5,7 @@ a real SwarmNode's DHT child from an attacker's hivemind DHT on 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from pathlib import Path
@@ -13,15 +14,17 @@ import hivemind
 import pytest
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
-from hivemind.dht.storage import DHTLocalStorage
+from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.dht.validation import CompositeValidator, DHTRecord
 from hivemind.p2p import P2P
+from hivemind.proto import dht_pb2
 from hivemind.utils.serializer import MSGPackSerializer as S
 from hivemind.utils.timed_storage import get_dht_time
 
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode, records
+from swarm_node.swarm import PeerInfo, SwarmNode, dht_bounds, records
 from swarm_node.swarm.dht import RefusalTally, record_refusals
+from tests.tooling import dht_flood
 
 
 def _identity(tmp_path: Path, name: str):
@@ -81,12 +84,8 @@ def test_size_and_lifetime_bounds_apply_to_every_record(tmp_path, victim) -> Non
 
 
 def test_storage_bounds_subkeys_per_key_and_in_total() -> None:
-    class Bounded(DHTLocalStorage):
-        pass
-
-    Bounded.store, Bounded.store_subkey = records.bounded_store_methods(max_subkeys=5, max_entries=11)
     records.REFUSALS.clear()
-    st = Bounded()
+    st = dht_bounds.BoundedStorage(max_subkeys=5, max_entries=11)
     key = DHTID.generate(source="members")
     exp = get_dht_time() + 60
     assert all(st.store(key, b"v", exp, subkey=f"peer{i}".encode()) for i in range(5))
@@ -98,6 +97,96 @@ def test_storage_bounds_subkeys_per_key_and_in_total() -> None:
     assert len(st) == 7
     assert st.store(DHTID.generate(source="one-too-many"), b"v", exp) is False
     assert records.REFUSALS["storage_full"] >= 1
+
+
+class _CountedWalks(dht_bounds.BoundedStorage):
+    walks = 0
+
+    def items(self):
+        type(self).walks += 1
+        return super().items()
+
+
+def test_the_storage_bound_costs_no_walk_per_entry() -> None:
+    """Before: each new entry walked every stored entry (20k one-byte records took 28-51 s to store), and a
+    refused one still cost ~3 ms. Now entries are counted as they come; a full storage recounts at most once
+    per RECOUNT_S, and otherwise refuses at once."""
+    now = [0.0]
+    st = _CountedWalks(max_entries=2_000, clock=lambda: now[0])
+    exp = get_dht_time() + 60
+    assert all(st.store(DHTID.generate(source=f"k{i}"), b"v", exp) for i in range(1_500))
+    key = DHTID.generate(source="members")
+    assert all(st.store(key, b"v", exp, subkey=f"p{i}".encode()) for i in range(500))
+    assert _CountedWalks.walks == 0
+    assert not any(st.store(DHTID.generate(source=f"late{i}"), b"v", exp) for i in range(1_000))
+    assert _CountedWalks.walks == 1  # one recount found it full; the next 999 refusals cost none
+    now[0] += dht_bounds.RECOUNT_S
+    st.data.pop(next(iter(st.data)))  # an entry left (as an expired one does, without telling the count)
+    assert st.store(DHTID.generate(source="room again"), b"v", exp) is True
+    assert _CountedWalks.walks == 2 and st.counted == 2_000
+
+
+def test_a_dictionarys_size_is_read_from_its_headers() -> None:
+    d = DictionaryDHTValue()
+    for i in range(300):
+        d.store(f"s{i}".encode(), b"v", get_dht_time() + 60)
+    assert dht_bounds.dictionary_size(S.dumps(d)) == 300
+    assert dht_bounds.dictionary_size(b"\xc1 not msgpack") == 1
+    assert dht_bounds.dictionary_size(S.dumps([1, 2, 3])) == 1
+
+
+class _Ctx:
+    remote_id = "attacker"
+
+
+def _protocol() -> dht_bounds.GuardedDHTProtocol:
+    """The guarded protocol's store path without a p2pd (what rpc_store touches)."""
+    p = dht_bounds.GuardedDHTProtocol.__new__(dht_bounds.GuardedDHTProtocol)
+    p.storage, p.cache = DHTLocalStorage(), DHTLocalStorage()  # become BoundedStorage, as in DHTProtocol.create
+    p.record_validator = CompositeValidator(records.make_validators("mine"))
+    p.node_info = dht_pb2.NodeInfo()
+    return p
+
+
+@pytest.mark.parametrize("shape", dht_flood.SHAPES[:3])
+def test_a_4mib_store_request_is_refused_whole_and_counted(shape) -> None:
+    """The largest StoreRequest hivemind's 4 MiB message cap lets through (~80k-140k records) is refused
+    before any record is validated or stored."""
+    records.REFUSALS.clear()
+    p = _protocol()
+    assert isinstance(p.storage, dht_bounds.BoundedStorage) and isinstance(p.cache, dht_bounds.BoundedStorage)
+    req = dht_flood.store_request(shape)
+    resp = asyncio.run(p.rpc_store(req, _Ctx()))
+    assert list(resp.store_ok) == [False] * len(req.keys)
+    assert records.REFUSALS == {"store_too_large": 1}
+    assert len(p.storage) == 0
+
+
+def test_a_store_request_within_bounds_is_stored_in_paced_chunks() -> None:
+    """The most a request may carry (4 dictionaries of 1,024 subkeys) is stored, yielding to the event loop
+    every STORE_CHUNK records, so the child's other RPCs wait for one chunk, not the whole request."""
+    records.REFUSALS.clear()
+    p = _protocol()
+    req = dht_flood.store_request("within_bounds")
+    turns = []
+
+    async def run():
+        async def other_rpcs():
+            while True:
+                turns.append(1)
+                await asyncio.sleep(0)
+
+        bystander = asyncio.create_task(other_rpcs())
+        await asyncio.sleep(0)
+        resp = await p.rpc_store(req, _Ctx())
+        bystander.cancel()
+        return resp
+
+    resp = asyncio.run(run())
+    assert list(resp.store_ok) == [True] * 4
+    assert p.storage.counted == 4 * 1024 == sum(len(v.value) for _k, v in p.storage.items())
+    assert len(turns) >= 2 * 4 * 1024 // dht_bounds.STORE_CHUNK  # validation and storing both paced
+    assert records.REFUSALS == {}
 
 
 def test_refusal_tally_survives_a_child_restart() -> None:
@@ -120,7 +209,7 @@ def test_an_attackers_dht_cannot_bloat_or_poison_a_nodes_storage(tmp_path) -> No
     try:
         exp = get_dht_time() + 60
         flood = [attacker.store("other_members", {"n": i}, exp, subkey=f"sybil{i}".encode(), return_future=True)
-                 for i in range(records.MAX_SUBKEYS_PER_KEY + 50)]
+                 for i in range(dht_bounds.MAX_SUBKEYS_PER_KEY + 50)]
         for f in flood:
             f.result(60)
         attacker.store("other_members", {"junk": "x" * 50}, exp, subkey=sub)  # signed, wrong shape
@@ -139,6 +228,36 @@ def test_an_attackers_dht_cannot_bloat_or_poison_a_nodes_storage(tmp_path) -> No
         assert [m.peer_id for m in node.live_peers()] == [node.peer_id]
     finally:
         attacker.shutdown()
+        node.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_nodes_dht_answers_finds_while_flooded_with_4mib_store_requests() -> None:
+    """Before: one 4 MiB StoreRequest (~110k one-byte records) held a node's DHT child for minutes; every
+    find timed out. Now a real hivemind peer sends such requests back to back for 10 s and the child answers
+    every find of another peer meanwhile, and counts each refused request."""
+    cfg = SwarmConfig(enabled=True, swarm_id="mine", host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0,
+                      record_ttl_s=30.0, bootstrap_retries=1, bootstrap_timeout_s=5.0)
+    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x"), validate=None).start()
+    flooder = probe = None
+    try:
+        probe = dht_flood.FindProbe(node.visible_maddrs())
+        flooder = dht_flood.Flooder(node.visible_maddrs(), "plain", concurrency=2)
+        flooder.start(duration_s=10.0)
+        latencies = probe.probe(10.0, period_s=0.25, timeout_s=10.0)
+        counts = flooder.join(120)
+        assert max(latencies) < 10.0, dht_flood.summary(latencies)  # every find answered (timeout: 10 s)
+        assert counts["answered"] >= 2 and counts["refused_records"] == counts["answered"] * flooder.records
+        deadline = time.monotonic() + 10
+        while node.stats()["rejected"].get("store_too_large", 0) < counts["answered"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert node.stats()["rejected"]["store_too_large"] >= counts["answered"]
+        print(f"\nfinds while flooded: {dht_flood.summary(latencies)}; {counts}")
+    finally:
+        for peer in (flooder, probe):
+            if peer is not None:
+                peer.stop()
         node.close()
 
 

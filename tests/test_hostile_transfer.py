@@ -142,7 +142,8 @@ async def _starvation_run(limits: UploadLimits, blob: bytes, honest_deadline_s: 
     refused: Counter = Counter()
     served: list[int] = []
     victim = await P2P.create(host_maddrs=LOOPBACK)
-    handler = make_handler(lambda k, r: blob if (k, r) == ("batch", 0) else None, served.append,
+    digest = hashlib.sha256(blob).digest()
+    handler = make_handler(lambda k, r: (blob, digest) if (k, r) == ("batch", 0) else None, served.append,
                            lambda reason, _peer, _detail: refused.update([reason]), limits=limits)
     await victim.add_binary_stream_handler(HANDLER, handler)
     maddrs = await victim.get_visible_maddrs()

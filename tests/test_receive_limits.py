@@ -59,3 +59,28 @@ def test_prompt_limits_follow_max_prompt_tokens():
     with pytest.raises(ProtocolError) as exc:
         decode_batch(encode_batch(long_prompt_batch(2, 65)), short)
     assert exc.value.reason == "prompt_too_long"
+
+
+def test_the_compressed_cap_is_what_a_valid_batch_can_be():
+    """Before: a GRPO node downloaded up to swarm.max_batch_bytes (64 MiB) per offer, 128x what a valid batch
+    can be. Now the cap is the zstd bound of the largest body the limits allow (~0.5 MiB by default), and a
+    batch at every limit at once still fits it."""
+    from swarm_node.protocol.framing import HEADER_SIZE
+
+    default = receive_limits(NodeConfig())
+    assert default.body_cap() < default.max_compressed_bytes < 1.01 * default.body_cap() + HEADER_SIZE + 1024
+    assert default.max_compressed_bytes < 2**20 < NodeConfig().swarm.max_batch_bytes
+    cfg = NodeConfig.model_validate({"task": {"prompts_per_round": 2}, "generation": {
+        "num_generations": 2, "max_new_tokens": 16, "max_prompt_tokens": 64}})
+    lim = receive_limits(cfg)
+    rng = np.random.default_rng(1)
+    full = RolloutBatch(  # 4x prompts, 4x tokens, every completion allowed, prompts at the cap, ids over a large vocab
+        swarm_id="s", task_id="arithmetic-v1", tokenizer_fp="fp", model_name="m", round=1, vocab_size=1 << 20,
+        groups=[Group(prompt_id=f"p{i}", prompt_ids=rng.integers(3, 1 << 20, 64),
+                      completions=[Completion(rng.integers(3, 1 << 20, 64), -rng.random(64).astype(np.float32),
+                                              float(rng.random())) for _ in range(2)]) for i in range(8)])
+    payload = encode_batch(full)
+    assert len(payload) <= lim.max_compressed_bytes
+    decode_batch(payload, lim)
+    small = cfg.model_copy(update={"swarm": cfg.swarm.model_copy(update={"max_batch_bytes": 4096})})
+    assert receive_limits(small).max_compressed_bytes == 4096  # swarm.max_batch_bytes still caps it

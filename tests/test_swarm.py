@@ -173,17 +173,17 @@ def test_refusals_and_recovery_after_sigkill(pair):
     assert b.stats()["rejected"].get("too_large") == 1 and b.stats()["bytes_in"] == 0
     # announced small, streamed large: refused from the stream's length header, body unread
     # (the receiver downloads as soon as the announcement is pushed, so the bad bytes are in place first)
-    real = a.blobs.payload  # what a serves, swapped below for bytes that break its announcement
-    a.blobs.payload = lambda kind, r: os.urandom(limit + 10) if r == 1 else real(kind, r)
+    real = a.blobs.served  # what a serves, swapped below for bytes that break its announcement
+    a.blobs.served = lambda kind, r: (os.urandom(limit + 10), bytes(32)) if r == 1 else real(kind, r)
     a.publish("batch", 1, os.urandom(100))
     assert b.receive(2, lockstep=True, round=1, staleness=0, deadline_s=5).batches == []
     assert b.stats()["rejected"]["too_large"] == 2 and b.stats()["bytes_in"] == 0
     # wrong digest
-    a.blobs.payload = lambda kind, r: b"y" * 5000 if r == 2 else real(kind, r)
+    a.blobs.served = lambda kind, r: (b"y" * 5000, bytes(32)) if r == 2 else real(kind, r)
     a.publish("batch", 2, b"x" * 5000)
     assert b.receive(2, lockstep=True, round=2, staleness=0, deadline_s=5).batches == []
     assert b.stats()["rejected"].get("digest_mismatch") == 1
-    a.blobs.payload = real
+    a.blobs.served = real
     # a declining filter takes nothing (the batch stays buffered for a filter that accepts it)
     a.publish("batch", 3, b"ok" * 100)
     # (the batch must be buffered first: a filter that accepts nobody does not wait for it)
@@ -291,7 +291,7 @@ def test_a_peer_missing_from_a_nodes_own_copy_of_the_member_list_stays_in_its_vi
 def test_receive_retries_a_dropped_stream(tmp_path):
     """A peer whose stream closes before replying (twice) is tried again within the deadline."""
     a = SwarmNode(_cfg(), INFO, validate=keep_raw)
-    real, drops = a.blobs.payload, {"left": 2}
+    real, drops = a.blobs.served, {"left": 2}
 
     def dropping(kind: str, round_: int):
         if drops["left"] > 0:
@@ -299,7 +299,7 @@ def test_receive_retries_a_dropped_stream(tmp_path):
             raise ConnectionResetError  # the serving side closes the stream without a reply
         return real(kind, round_)
 
-    a.blobs.payload = dropping  # what the stream handler serves
+    a.blobs.served = dropping  # what the stream handler serves
     a.start()
     b = SwarmNode(_cfg(initial_peers=a.visible_maddrs()), INFO, validate=keep_raw).start()
     try:
@@ -310,6 +310,43 @@ def test_receive_retries_a_dropped_stream(tmp_path):
         got = b.receive(1, lockstep=True, round=0, staleness=0, deadline_s=15).batches
         assert [r.payload for r in got] == [payload]
         assert drops["left"] == 0 and b.stats()["rejected"] == {"stream_error": 2}  # each drop still counted
+    finally:
+        b.close()
+        a.close()
+
+
+@pytest.mark.slow
+def test_a_dpo_fetch_outlasts_a_neighbour_unreachable_for_a_restart(tmp_path):
+    """DPO's fetch of a neighbour whose streams fail for a while (its DHT child and p2pd restarting: dials
+    refused, protocols not supported yet) keeps trying for FETCH_RETRY_S. Before, it gave up after 3
+    attempts ~0.4 s apart and the round averaged without that neighbour."""
+    from swarm_node.swarm.receiver import FETCH_RETRY_S
+
+    a = SwarmNode(_cfg(), INFO, validate=None)
+    real = a.blobs.served
+    back_at = [float("inf")]
+
+    def restarting(kind: str, round_: int):
+        if time.monotonic() < back_at[0]:
+            raise ConnectionResetError  # the serving side closes the stream without a reply
+        return real(kind, round_)
+
+    a.blobs.served = restarting
+    a.start()
+    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs()), INFO, validate=None).start()
+    try:
+        payload = os.urandom(50_000)
+        a.publish("params", 0, payload)
+        back_at[0] = time.monotonic() + FETCH_RETRY_S / 2
+        t0 = time.monotonic()
+        assert b.fetch("params", a.peer_id, 0, deadline_s=20) == payload
+        assert FETCH_RETRY_S / 2 <= time.monotonic() - t0 < FETCH_RETRY_S + 5
+        assert b.stats()["rejected"]["stream_error"] >= 4  # every failed attempt still counted
+        back_at[0] = float("inf")  # a neighbour that stays gone costs FETCH_RETRY_S, not the whole deadline
+        a.publish("params", 1, payload)
+        t0 = time.monotonic()
+        assert b.fetch("params", a.peer_id, 1, deadline_s=20) is None
+        assert time.monotonic() - t0 < FETCH_RETRY_S + 5
     finally:
         b.close()
         a.close()

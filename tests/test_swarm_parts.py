@@ -122,3 +122,215 @@ def test_a_node_alone_in_its_member_reads_pings_the_peers_it_knows(monkeypatch) 
     node._refresh_view()
     node._rejoin_if_alone(t + 10 * every)
     assert len(pings) == 2 and node._alone_reads == 0
+
+
+class _Writer:
+    """What the blob handler writes to, without a stream."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def write(self, data) -> None:
+        self.data += bytes(data)
+
+    async def drain(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_serving_a_blob_hashes_nothing_on_the_event_loop(monkeypatch) -> None:
+    """Before: the upload handler hashed the whole blob (up to max_batch_bytes) on the event loop for every
+    request, though its digest was computed when it was published. Now it sends the stored digest."""
+    import asyncio
+    import hashlib
+    import json
+
+    from swarm_node.swarm import transfer
+    from swarm_node.swarm.blobs import describe
+
+    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # not started: its parts only
+    payload = b"p" * (3 << 20)
+    node.blobs.put("batch", describe(7, payload), payload)
+    hashed = []
+
+    class CountingHashlib:
+        @staticmethod
+        def sha256(data=b""):
+            hashed.append(len(data))
+            return hashlib.sha256(data)
+
+    monkeypatch.setattr(transfer, "hashlib", CountingHashlib)
+    handler = node.dht.handlers[transfer.HANDLER]
+    req = json.dumps({"kind": "batch", "round": 7}).encode()
+
+    async def serve() -> bytes:
+        reader, writer = asyncio.StreamReader(), _Writer()
+        reader.feed_data(len(req).to_bytes(2, "big") + req)
+        reader.feed_eof()
+        await handler(types.SimpleNamespace(peer_id="requester"), reader, writer)
+        return bytes(writer.data)
+
+    for _ in range(3):
+        sent = asyncio.run(serve())
+        assert sent[:1] == transfer.FOUND and int.from_bytes(sent[1:9], "big") == len(payload)
+        assert sent[9:41] == hashlib.sha256(payload).digest() and sent[41:] == payload
+    assert hashed == []
+    assert node.stats()["served"] == 3
+
+
+def test_the_peers_skipped_as_unreachable_are_pruned_and_bounded(monkeypatch) -> None:
+    """Before: a peer whose push failed stayed in PeerView._unreachable forever (its skip long over, the peer
+    long forgotten), so fresh identities that pushed to us and went away grew it without bound. Now a
+    member read drops skips that are over and peers forgotten, and failures keep at most MAX_VIEW."""
+    import asyncio
+
+    from swarm_node.swarm import view as view_module
+    from swarm_node.swarm.loop import LoopThread
+
+    cfg = SwarmConfig(enabled=True, heartbeat_s=0.05)
+    v = view_module.PeerView(cfg, "grpo", None, lambda: None, LoopThread(), SwarmCounters(logging.getLogger("t")),
+                             logging.getLogger("t"))
+
+    async def fail_pushes(pids) -> None:
+        for pid in pids:
+            await v._push_one(pid, b"frame")  # no P2P: every push fails
+
+    asyncio.run(fail_pushes([f"gone{i}" for i in range(20)]))
+    assert len(v._unreachable) == 20
+    time.sleep(0.1)  # their skips are over
+    v.update({}, set())
+    assert v._unreachable == {}
+    monkeypatch.setattr(view_module, "MAX_VIEW", 8)
+    asyncio.run(fail_pushes([f"sybil{i}" for i in range(100)]))
+    assert list(v._unreachable) == [f"sybil{i}" for i in range(92, 100)]
+
+
+def test_a_batch_offer_over_the_batch_cap_is_refused_before_any_download() -> None:
+    """A GRPO node passes the largest payload a valid batch can be (`batch_cap`); an offer over it is refused
+    as too_large without a download, while DPO's parameters keep swarm.max_batch_bytes."""
+    import asyncio
+
+    from swarm_node.swarm.records import BlobEntry
+
+    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw, batch_cap=10_000)
+    spawned = []
+    node.loop.spawn = spawned.append
+    node.receiver.on_announcement("peer", _announcement(1, size=10_001, model_name="m"), "", 400)
+    assert node.stats()["rejected"] == {"too_large": 1} and spawned == []
+    node.receiver.on_announcement("peer", _announcement(2, size=10_000, model_name="m"), "", 400)
+    assert len(spawned) == 1
+    spawned[0].close()
+    entry = BlobEntry(round=3, size=10_001, sha256="0" * 64)
+    _payload, reason = asyncio.run(node.receiver._download("params", "peer", entry, 1.0))
+    assert reason == "stream_error"  # not too_large: no P2P here, so the download itself fails
+
+
+def test_download_slots_serve_trusted_peers_first_and_cap_strangers() -> None:
+    """Before: a FIFO semaphore of 4, so stallers that announced first held every slot ahead of an
+    established peer. Now strangers hold at most their share, and a freed slot goes to the best rank."""
+    import asyncio
+
+    from swarm_node.swarm.slots import DownloadSlots
+
+    async def run() -> list[str]:
+        slots = DownloadSlots(total=4, stranger_slots=2)
+        order: list[str] = []
+
+        async def download(name: str, rank: int, hold: asyncio.Event) -> None:
+            await slots.acquire((rank, 0), stranger=rank > 0)
+            order.append(name)
+            await hold.wait()
+            slots.release(stranger=rank > 0)
+
+        holds = {f"s{i}": asyncio.Event() for i in range(6)} | {"e0": asyncio.Event(), "e1": asyncio.Event(),
+                                                                 "e2": asyncio.Event()}
+        tasks = [asyncio.create_task(download(f"s{i}", 1, holds[f"s{i}"])) for i in range(6)]
+        await asyncio.sleep(0)
+        assert order == ["s0", "s1"] and slots.held == 2  # strangers' share: 2 of 4, the rest waits
+        tasks += [asyncio.create_task(download(f"e{i}", 0, holds[f"e{i}"])) for i in range(3)]
+        await asyncio.sleep(0)
+        assert order == ["s0", "s1", "e0", "e1"]  # established peers take the free slots at once
+        holds["s0"].set()  # a stranger's slot frees: the waiting established peer goes first
+        await asyncio.sleep(0.01)
+        assert order[-1] == "e2" and slots.held == 4
+        holds["e0"].set()  # an established peer's slot frees: a stranger may take it again (1 of 2 held)
+        await asyncio.sleep(0.01)
+        assert order[-1] == "s2" and slots.strangers_held == 2
+        waiting = asyncio.create_task(download("s9", 1, asyncio.Event()))
+        await asyncio.sleep(0)
+        waiting.cancel()  # a cancelled wait holds nothing
+        for e in holds.values():
+            e.set()
+        await asyncio.gather(*tasks)
+        assert slots.held == 0 and slots.strangers_held == 0 and slots.waiting() == 0
+        return order
+
+    order = asyncio.run(run())
+    assert sorted(order) == sorted(["s0", "s1", "s2", "s3", "s4", "s5", "e0", "e1", "e2"])
+
+
+def test_pushes_go_to_trusted_peers_first_with_one_place_for_strangers() -> None:
+    """Anyone who pushes to us joins the view; 64 identities that only announce took ~60 of every 64 pushes
+    of an honest node, so its established peer heard of its batches only now and then. With a rank, the
+    trusted peers fill all but one of the F places; strangers (newcomers) keep the last one."""
+    from swarm_node.swarm.loop import LoopThread
+    from swarm_node.swarm.records import MemberRecord
+    from swarm_node.swarm.view import PeerView
+
+    def member(pid: str) -> MemberRecord:
+        return MemberRecord(peer_id=pid, mode="grpo", model_name="m", tokenizer_fp="tok", task_id="t", round=1,
+                            updated=time.time())
+
+    trusted = {"honest0", "honest1"}
+    v = PeerView(SwarmConfig(enabled=True), "grpo", None, lambda: None, LoopThread(),
+                 SwarmCounters(logging.getLogger("t")), logging.getLogger("t"),
+                 rank=lambda pid: 0 if pid in trusted else 1)
+    for pid in [f"staller{i}" for i in range(64)] + sorted(trusted):
+        v.heard_from(pid, member(pid))
+    for _ in range(50):
+        picked = v.targets(4)
+        assert trusted <= set(picked) and len(picked) == 4  # both trusted peers, and two strangers
+    trusted |= {f"honest{i}" for i in range(2, 8)}
+    for pid in sorted(trusted):
+        v.heard_from(pid, member(pid))
+    picked = [v.targets(4) for _ in range(50)]
+    assert all(sum(p in trusted for p in ps) == 3 for ps in picked)  # one place left for a newcomer
+    assert len(v.targets(100)) == 72  # a greeting round still reaches everyone
+
+
+def test_a_member_read_while_the_dht_is_down_answers_with_the_last_one(monkeypatch, tmp_path) -> None:
+    """Before: a read that failed (our DHT child dead or restarting) answered "nobody", so a DPO node averaged
+    with no neighbour and ran its rounds alone, ahead of its neighbours, until the round they next asked it
+    for was one it no longer kept (4 of 10 DHT kills lost a round at both neighbours). Now a failed read
+    answers with the last read that worked, for a record TTL; a read that works and finds nobody is nobody."""
+    from hivemind.p2p import P2P
+
+    from swarm_node.swarm import records
+    from swarm_node.swarm.supervisor import DHTUnavailable
+
+    P2P.generate_identity(str(tmp_path / "peer-a"))
+    subkey = records.subkey_for(records.load_identity_key(str(tmp_path / "peer-a")))
+    pid = records.peer_id_of_subkey(subkey)
+    rec = dict(peer_id=pid, mode="dpo", model_name="m", tokenizer_fp="tok", task_id="t", round=3,
+               updated=time.time(), arch_fp="", client_mode=False)
+    node = SwarmNode(SwarmConfig(enabled=True, record_ttl_s=20.0), INFO, validate=keep_raw)  # never started
+    node.dht.peer_id = "me"
+    dht = {"value": {subkey: types.SimpleNamespace(value=rec)}, "down": False}
+
+    def call(method, key, **kw):  # the DHT child's get, or the error a call raises while it restarts
+        if dht["down"]:
+            raise DHTUnavailable("the DHT is restarting")
+        return types.SimpleNamespace(value=dht["value"])
+
+    monkeypatch.setattr(node.dht, "call", call)
+    assert set(node.membership.read_members()) == {pid}
+    dht["down"] = True
+    assert set(node.membership.read_members()) == {pid}
+    assert [m.peer_id for m in node.live_peers()] == sorted(["me", pid])
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + 21.0)  # a TTL later the records may have expired
+    assert node.membership.read_members() == {}
+    dht["down"], dht["value"] = False, {}
+    assert node.membership.read_members() == {}

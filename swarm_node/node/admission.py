@@ -117,6 +117,12 @@ class Admission:
         """Whom to push to and download from (a member record): GRPO peers of our task and tokenizer."""
         return m.mode == "grpo" and m.task_id == self.expect.task_id and m.tokenizer_fp == self.expect.tokenizer_fp
 
+    def download_rank(self, peer_id: str) -> int:
+        """The swarm's rank of a peer for download slots (`SwarmNode(rank=...)`, called on the event-loop
+        thread): 0 for an identity the newcomer gate has established, 1 for a stranger, so identities that
+        announce and never deliver queue behind the peers that have delivered. It only reads the gate."""
+        return 0 if self.newcomers.established(peer_id) else 1
+
     def choose(self, offers: list, k: int) -> list[int]:
         """Which of the buffered offers a round takes (the newcomer gate's share), for `SwarmNode.receive`."""
         return self.newcomers.choose(offers, k)

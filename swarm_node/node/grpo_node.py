@@ -135,7 +135,9 @@ class GRPONode(RoundNode):
                         task_id=self.task.task_id)
         # decode + wire checks on the swarm's decode thread; pushes and downloads only from usable peers
         self.swarm = SwarmNode(self.cfg.swarm, info, validate=payload_check(self.limits),
-                               accept=self.admission.accepts_peer, logger=logging.getLogger("swarm_node.swarm"))
+                               accept=self.admission.accepts_peer, batch_cap=self.limits.max_compressed_bytes,
+                               rank=self.admission.download_rank,
+                               logger=logging.getLogger("swarm_node.swarm"))
         self.swarm.start()
         self.swarm.set_round(self.last_round)
         self.first_exchange = True

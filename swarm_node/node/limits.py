@@ -9,19 +9,24 @@ peer's group is admitted only if its prompt ids equal ours, so a longer prompt c
 
 from __future__ import annotations
 
+import dataclasses
+
 from swarm_node.config import NodeConfig
-from swarm_node.protocol import DecodeLimits
+from swarm_node.protocol import DecodeLimits, max_payload_bytes
 
 ROOM = 4  # a peer's batch may be this many times our own round in each dimension
 
 
 def receive_limits(cfg: NodeConfig) -> DecodeLimits:
-    """The DecodeLimits of a GRPO node with config `cfg`."""
+    """The DecodeLimits of a GRPO node with config `cfg`. The compressed size follows from the rest: the
+    largest payload a batch within them can be (`max_payload_bytes`: ~0.5 MiB by default, not
+    swarm.max_batch_bytes' 64 MiB, which stays the bound of DPO's parameter payloads), so a junk offer
+    cannot make the node download and hold more than a valid batch could need."""
     g = cfg.generation
     groups = ROOM * cfg.task.prompts_per_round
     per_completion = ROOM * g.max_new_tokens
     completions = groups * g.num_generations
-    return DecodeLimits(
+    limits = DecodeLimits(
         max_compressed_bytes=cfg.swarm.max_batch_bytes,
         max_groups=groups,
         max_completions_per_group=ROOM * g.num_generations,
@@ -30,3 +35,4 @@ def receive_limits(cfg: NodeConfig) -> DecodeLimits:
         max_tokens_per_completion=per_completion,
         max_total_tokens=completions * per_completion + groups * g.max_prompt_tokens,
     )
+    return dataclasses.replace(limits, max_compressed_bytes=max_payload_bytes(limits))

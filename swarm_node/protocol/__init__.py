@@ -3,7 +3,7 @@
 from .batch import Completion, DecodeLimits, Group, RolloutBatch
 from .codec import decode_batch, encode_batch
 from .errors import REASONS, ProtocolError
-from .framing import MAJOR, MINOR
+from .framing import MAJOR, MINOR, max_payload_bytes
 
 __all__ = [
     "MAJOR",
@@ -16,4 +16,5 @@ __all__ = [
     "RolloutBatch",
     "decode_batch",
     "encode_batch",
+    "max_payload_bytes",
 ]

@@ -27,6 +27,19 @@ _BYTES_PER_BLOCK = 4096  # our encoder never emits blocks this small on average;
 _local = threading.local()  # (de)compressors are not thread-safe; one set per thread (intake decodes off the loop)
 
 
+def compress_bound(size: int) -> int:
+    """zstd's ZSTD_COMPRESSBOUND: the most bytes one zstd frame of a `size`-byte input can take."""
+    small = ((128 << 10) - size) >> 11 if size < (128 << 10) else 0
+    return size + (size >> 8) + small
+
+
+def max_payload_bytes(limits: DecodeLimits) -> int:
+    """The largest payload (header + frame) our encoder makes of any batch within `limits`: the zstd bound
+    of the largest body they allow (`body_cap`), capped by `max_compressed_bytes`. A bigger payload is no
+    batch a receiver with these limits would decode, so it need not be downloaded."""
+    return min(limits.max_compressed_bytes, HEADER_SIZE + compress_bound(limits.body_cap()))
+
+
 def _compressor(level: int) -> zstandard.ZstdCompressor:
     """A cached compressor per level and thread: digesting the dictionary for level 19 costs ~15 ms."""
     cache = _local.__dict__.setdefault("compressors", {})

@@ -43,6 +43,13 @@ class BlobStore:
             item = self._blobs.get(kind, {}).get(round_)
         return item[0] if item else None
 
+    def served(self, kind: str, round_: int) -> tuple[bytes, bytes] | None:
+        """(payload, its sha256 digest as announced) for the blob handler: the digest was computed once,
+        when the blob was put, so serving it again hashes nothing."""
+        with self._lock:
+            item = self._blobs.get(kind, {}).get(round_)
+        return (item[0], bytes.fromhex(item[1].sha256)) if item else None
+
     def entries(self, kind: str) -> list[BlobEntry]:
         with self._lock:
             return [e for _p, e in self._blobs[kind].values()]

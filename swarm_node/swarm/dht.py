@@ -190,11 +190,12 @@ class _DHT(hivemind.DHT):
     def run(self) -> None:
         import threading
 
-        from swarm_node.swarm.records import REFUSALS, bound_storage
+        from swarm_node.swarm import dht_bounds
+        from swarm_node.swarm.records import REFUSALS
 
         threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), name="orphan-watch", daemon=True).start()
         REFUSALS.clear()  # a forked child inherits the parent's counts; it reports only its own
-        bound_storage()  # this process only: per-key and total bounds on what peers can make us store
+        dht_bounds.install()  # this process only: bounded storage and StoreRequests (what peers make us store)
         super().run()
 
     def _wait_ready(self, timeout: float) -> _DHT:

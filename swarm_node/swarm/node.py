@@ -36,7 +36,7 @@ from swarm_node.swarm.intake import Intake
 from swarm_node.swarm.loop import LoopThread
 from swarm_node.swarm.membership import STORE_BEAM, Membership, PeerInfo
 from swarm_node.swarm.ratelimit import RateLimitedLog
-from swarm_node.swarm.receiver import BatchReceiver, RoundIntake, Validator
+from swarm_node.swarm.receiver import BatchReceiver, Rank, RoundIntake, Validator
 from swarm_node.swarm.records import KINDS, MAX_ANNOUNCED_ROUNDS, MemberRecord
 from swarm_node.swarm.supervisor import DHTSupervisor
 from swarm_node.swarm.view import Accept, PeerView
@@ -62,11 +62,16 @@ class SwarmNode:
     the decode thread before a batch is buffered, so the round takes only validated batches; None for a
     peer that takes no batches (DPO: its announcements of batches are declined before any download).
     `accept` picks the peers we push to and download from (by their mode, task, tokenizer...); None:
-    our own mode.
+    our own mode. `batch_cap`: the largest rollout batch we download (a GRPO node: the largest payload a
+    batch within its receive limits can be, node/limits.py); None: `swarm.max_batch_bytes`, which also
+    bounds DPO's parameter payloads. `rank(peer_id)`: 0 for a peer we trust (a GRPO node: an identity its
+    newcomer gate has established), higher for strangers (receiver.Rank). It orders the waits for download
+    slots (strangers share at most half of them) and picks whom we push to (trusted peers first, one place
+    kept for strangers); None: everyone alike.
     """
 
     def __init__(self, cfg: SwarmConfig, info: PeerInfo, *, validate: Validator | None, accept: Accept | None = None,
-                 logger: logging.Logger | None = None):
+                 batch_cap: int | None = None, rank: Rank | None = None, logger: logging.Logger | None = None):
         self.cfg = cfg
         self.info = info
         self.log = logger or logging.getLogger("swarm_node.swarm")
@@ -75,15 +80,17 @@ class SwarmNode:
         self.blobs = BlobStore(min(max(8, cfg.staleness_rounds + 1), MAX_ANNOUNCED_ROUNDS))
         handlers = {
             # late-bound lookup, so a test may swap what is served after start
-            transfer.HANDLER: transfer.make_handler(lambda k, r: self.blobs.payload(k, r), self._served,
+            transfer.HANDLER: transfer.make_handler(lambda k, r: self.blobs.served(k, r), self._served,
                                                     self.counters.reject, kinds=frozenset(KINDS)),
             announce.HANDLER: announce.make_handler(lambda *a: self.receiver.on_announcement(*a)),
         }
         self.dht = DHTSupervisor(cfg, self.loop, handlers, self.log)
         self.membership = Membership(cfg, info, self.dht, self.counters, self.log)
-        self.view = PeerView(cfg, info.mode, accept, lambda: self.dht.p2p, self.loop, self.counters, self.log)
+        self.view = PeerView(cfg, info.mode, accept, lambda: self.dht.p2p, self.loop, self.counters, self.log,
+                             rank=rank)
         self.receiver = BatchReceiver(cfg, validate, view=self.view, membership=self.membership, dht=self.dht,
-                                      loop=self.loop, counters=self.counters, keep=self.blobs.keep, log=self.log)
+                                      loop=self.loop, counters=self.counters, keep=self.blobs.keep, log=self.log,
+                                      batch_cap=batch_cap, rank=rank)
         self._stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._started = False
@@ -303,7 +310,10 @@ class SwarmNode:
 
     def _heartbeat_loop(self) -> None:
         next_beat = time.monotonic() + self.cfg.heartbeat_s
-        while not self._stop.wait(min(1.0, self.cfg.heartbeat_s)):
+        while not self._stop.is_set():
+            self.dht.wait_for_exit(min(1.0, self.cfg.heartbeat_s))  # returns at once when the DHT child dies
+            if self._stop.is_set():
+                break
             dead = self.dht.dead_child()
             if dead is not None:
                 self._recover(dead)

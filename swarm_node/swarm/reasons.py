@@ -12,6 +12,7 @@ from __future__ import annotations
 
 # ---- downloading a blob (swarm/transfer.py, the download side) ----
 TIMEOUT = "timeout"  # no complete blob (or no DHT announcement of it) within the deadline
+STALLED = "stalled"  # no byte for download_stall_s: a stream that did not open, or a sender that stopped
 TOO_LARGE = "too_large"  # announced or sent more bytes than max_batch_bytes
 STREAM_ERROR = "stream_error"  # the stream could not be opened or broke mid-blob (retried)
 NOT_FOUND = "not_found"  # the peer no longer keeps that round
@@ -34,7 +35,7 @@ FUTURE_ROUND = "future_round"  # a round more than max_version_jump past what it
 STALE_AGE = "stale_age"  # older than max_batch_age_s by its sender's clock
 STALE_VERSION = "stale_version"  # more than max_version_lag of its sender's versions behind its newest
 
-# ---- signed DHT records: read by us (swarm/membership.py), stored by our DHT child (swarm/records.py) ----
+# ---- signed DHT records: read by us (swarm/membership.py), stored by our DHT child (records.py, dht_bounds.py) ----
 BAD_RECORD = "bad_record"  # a record that does not parse, or names another peer than its signer
 RECORD_TOO_LARGE = "record_too_large"
 RECORD_TTL = "record_ttl"
@@ -42,15 +43,18 @@ RECORD_SHAPE = "record_shape"
 RECORD_OWNER = "record_owner"
 SUBKEYS_FULL = "subkeys_full"
 STORAGE_FULL = "storage_full"
+STORE_TOO_LARGE = "store_too_large"  # a StoreRequest of more keys or records than one request may carry
+STORE_MALFORMED = "store_malformed"  # a StoreRequest whose fields disagree, or a dictionary store of no dictionary
 
 # ---- the node's validator (swarm/receiver.py) ----
 VALIDATE_ERROR = "validate_error"  # the validator raised something other than PayloadRefused
 
-TRANSFER_REASONS = (TIMEOUT, TOO_LARGE, STREAM_ERROR, NOT_FOUND, BUSY, SIZE_MISMATCH, DIGEST_MISMATCH)
+TRANSFER_REASONS = (TIMEOUT, STALLED, TOO_LARGE, STREAM_ERROR, NOT_FOUND, BUSY, SIZE_MISMATCH, DIGEST_MISMATCH)
 UPLOAD_REASONS = (BAD_REQUEST, REQUEST_TIMEOUT, UPLOAD_BUSY, UPLOAD_TIMEOUT)
 OFFER_REASONS = (TOO_LARGE, BAD_TIME, FUTURE_TIME, BAD_VERSION, FUTURE_ROUND, STALE_AGE, STALE_VERSION)
 """Intake verdicts that refuse a peer's batch (the intake counts them itself)."""
-RECORD_REASONS = (RECORD_TOO_LARGE, RECORD_TTL, RECORD_SHAPE, RECORD_OWNER, SUBKEYS_FULL, STORAGE_FULL)
+RECORD_REASONS = (RECORD_TOO_LARGE, RECORD_TTL, RECORD_SHAPE, RECORD_OWNER, SUBKEYS_FULL, STORAGE_FULL,
+                  STORE_TOO_LARGE, STORE_MALFORMED)
 """What a DHT child refuses to store (counted in that process, read back at each heartbeat)."""
 
 REJECTED = tuple(dict.fromkeys((*TRANSFER_REASONS, *UPLOAD_REASONS, BAD_ANNOUNCEMENT, *OFFER_REASONS, BAD_RECORD,

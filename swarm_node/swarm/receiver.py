@@ -2,9 +2,13 @@
 
 An accepted announcement becomes an offer to the intake buffer (`swarm/intake.py`: freshness rules,
 one batch and one pending announcement per peer); an offer to fetch is downloaded in the background over
-the blob stream (length and digest checked, at most MAX_DOWNLOADS at once, each bounded by
-`collect_deadline_s`), then decoded and checked by the node's validator on its own decode thread, and
-only what passed is buffered. Each round takes up to K buffered batches without waiting (lockstep:
+the blob stream (length and digest checked), then decoded and checked by the node's validator on its own
+decode thread, and only what passed is buffered. At most MAX_DOWNLOADS run at once (`swarm/slots.py`):
+a slot that frees goes to the peer the node ranks best (`rank`: established peers before strangers, then
+the fewest recent failed downloads), strangers hold at most STRANGER_SLOTS, and a download is cut off
+when it gets no byte for `download_stall_s` or has not ended within that plus size / `download_min_rate`
+(at most `collect_deadline_s`), so identities that announce and never deliver hold a slot for seconds
+and never one an established peer needs. Each round takes up to K buffered batches without waiting (lockstep:
 waiting up to a deadline). DPO's parameters use `fetch` instead: one peer's blob for one round, found
 through its DHT announcement.
 """
@@ -15,6 +19,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,14 +32,23 @@ from swarm_node.swarm.intake import Freshness, Intake, Offer
 from swarm_node.swarm.loop import LoopThread
 from swarm_node.swarm.membership import Membership
 from swarm_node.swarm.records import BlobEntry, MemberRecord
+from swarm_node.swarm.slots import DownloadSlots
 from swarm_node.swarm.supervisor import DHTSupervisor
 from swarm_node.swarm.transfer import TransferError, download, with_deadline
 from swarm_node.swarm.view import Accept, PeerView, accepts
 
 POLL_S = 0.5
 MAX_DOWNLOADS = 4
+STRANGER_SLOTS = MAX_DOWNLOADS // 2  # slots peers ranked above 0 (not established) may hold at once
+MAX_FAILURES_KEPT = 4096  # peers whose recent failed downloads are remembered (the least recent dropped)
 FETCH_ATTEMPTS = 3  # a dropped stream is retried within the deadline (each failure is still counted)
 RETRIABLE = frozenset({reasons.STREAM_ERROR})  # refusals worth another try; a bad digest or size is not
+FETCH_RETRIABLE = frozenset({reasons.STREAM_ERROR, reasons.STALLED})
+FETCH_RETRY_S = 6.0
+"""How long DPO's fetch keeps retrying a peer it cannot reach or that stopped sending, from the first such
+failure: about a DHT child's restart (~1-2 s: kill, a new p2pd on the same port, the handlers attached
+again) with room, so a neighbour that restarts is fetched, while one that is gone costs a round this much."""
+FETCH_RETRY_PAUSE_S = 0.5
 
 
 class PayloadRefused(Exception):
@@ -45,6 +59,11 @@ class PayloadRefused(Exception):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+
+
+Rank = Callable[[str], int]
+"""peer id -> its rank for download slots: 0 for a peer the node trusts (an established identity), higher
+for strangers (each served after every lower rank, and together holding at most STRANGER_SLOTS)."""
 
 
 Validator = Callable[[bytes, Offer], Any]
@@ -101,14 +120,16 @@ class BatchReceiver:
 
     def __init__(self, cfg: SwarmConfig, validate: Validator | None, *, view: PeerView, membership: Membership,
                  dht: DHTSupervisor, loop: LoopThread, counters: SwarmCounters, keep: int,
-                 log: logging.Logger) -> None:
+                 log: logging.Logger, batch_cap: int | None = None, rank: Rank | None = None) -> None:
         self.cfg = cfg
         self.validate = validate
+        # the largest batch we download; other kinds (DPO parameters) keep swarm.max_batch_bytes
+        self.batch_cap = min(cfg.max_batch_bytes, batch_cap or cfg.max_batch_bytes)
         self.keep = keep  # rounds a peer keeps (so an older round is known to be gone)
         self.log = log
         self.intake = Intake(
             Freshness(cfg.max_batch_age_s, cfg.max_version_lag, cfg.max_clock_skew_s, cfg.max_version_jump),
-            max_batches=cfg.buffer_batches, max_bytes=cfg.buffer_bytes, max_size=cfg.max_batch_bytes,
+            max_batches=cfg.buffer_batches, max_bytes=cfg.buffer_bytes, max_size=self.batch_cap,
         )
         # the parts it calls
         self.view = view
@@ -118,7 +139,9 @@ class BatchReceiver:
         self.counters = counters
         self._decoder = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="swarm-node-decode")
                          if validate is not None else None)
-        self._downloads: asyncio.Semaphore | None = None
+        self.rank = rank
+        self._slots = DownloadSlots(MAX_DOWNLOADS, STRANGER_SLOTS if rank is not None else MAX_DOWNLOADS)
+        self._failures: OrderedDict[str, int] = OrderedDict()  # peer -> downloads failed since its last success
 
     def close(self) -> None:
         if self._decoder is not None:
@@ -155,27 +178,50 @@ class BatchReceiver:
 
     # ---- downloads and validation ----
 
-    async def _download_offer(self, offer: Offer) -> None:
-        """Background download of an accepted offer, validated on the decode thread, into the intake
-        buffer; then the peer's next offer."""
-        payload = decoded = None
+    def download_deadline_s(self, size: int) -> float:
+        """How long a download of `size` bytes may take: a start, then at least download_min_rate."""
+        return min(self.cfg.collect_deadline_s, self.cfg.download_stall_s + size / self.cfg.download_min_rate)
+
+    def _rank_of(self, peer_id: str) -> int:
+        if self.rank is None:
+            return 0
         try:
-            if self._downloads is None:
-                self._downloads = asyncio.Semaphore(MAX_DOWNLOADS)
-            async with self._downloads:  # bounds the payloads held while downloading or decoding
+            return max(0, int(self.rank(peer_id)))
+        except Exception:  # a rank hook that fails ranks the peer a stranger
+            return 1
+
+    def _note_outcome(self, peer_id: str, ok: bool) -> None:
+        self._failures.pop(peer_id, None)
+        if not ok:
+            self._failures[peer_id] = self._failures.get(peer_id, 0) + 1
+            while len(self._failures) > MAX_FAILURES_KEPT:
+                self._failures.popitem(last=False)
+
+    async def _download_offer(self, offer: Offer) -> None:
+        """Background download of an accepted offer in a download slot, validated on the decode thread,
+        into the intake buffer; then the peer's next offer."""
+        payload = decoded = None
+        rank = self._rank_of(offer.peer_id)
+        try:
+            # the slot bounds the payloads held while downloading or decoding
+            await self._slots.acquire((rank, self._failures.get(offer.peer_id, 0)), stranger=rank > 0)
+            try:
                 entry = BlobEntry(round=offer.round, size=offer.size, sha256=offer.sha256)
-                end = time.monotonic() + self.cfg.collect_deadline_s
+                end = time.monotonic() + self.download_deadline_s(offer.size)
                 for _attempt in range(FETCH_ATTEMPTS):
                     payload, reason = await self._download("batch", offer.peer_id, entry, end - time.monotonic())
                     if payload is not None or reason not in RETRIABLE or time.monotonic() >= end:
                         break
                     await asyncio.sleep(0.2)
+                self._note_outcome(offer.peer_id, payload is not None)
                 if payload is not None and self.loop.accepting:
                     decoded = await asyncio.get_running_loop().run_in_executor(
                         self._decoder, self._validated, offer, payload)
-                if decoded is None:
-                    payload = None  # failed or refused (counted): the peer's slot frees for its next offer
+            finally:
+                self._slots.release(stranger=rank > 0)
         finally:
+            if decoded is None:
+                payload = None  # failed or refused (counted): the peer's slot frees for its next offer
             nxt = self.intake.fetched(offer, payload, decoded)
             if nxt is not None:
                 self.loop.spawn(self._download_offer(nxt))
@@ -200,9 +246,10 @@ class BatchReceiver:
     async def _download(self, kind: str, peer_id: str, entry: BlobEntry,
                         timeout: float) -> tuple[bytes | None, str | None]:
         """One download -> (payload, None), or (None, reason) after a counted, logged rejection."""
-        if entry.size > self.cfg.max_batch_bytes:
+        limit = self.batch_cap if kind == "batch" else self.cfg.max_batch_bytes
+        if entry.size > limit:
             self.counters.reject(reasons.TOO_LARGE, peer_id, f"{kind} round {entry.round}: announced {entry.size} "
-                                 f"bytes > limit {self.cfg.max_batch_bytes}")
+                                 f"bytes > limit {limit}")
             return None, reasons.TOO_LARGE
         p2p = self.dht.p2p
         if p2p is None:
@@ -211,7 +258,8 @@ class BatchReceiver:
         try:
             payload = await with_deadline(
                 download(p2p, peer_id, kind, entry.round, expected_size=entry.size, expected_sha256=entry.sha256,
-                         max_bytes=self.cfg.max_batch_bytes, on_received=lambda n: self.counters.add("bytes_in", n)),
+                         max_bytes=limit, on_received=lambda n: self.counters.add("bytes_in", n),
+                         stall_s=self.cfg.download_stall_s),
                 timeout,
             )
         except TransferError as exc:
@@ -263,19 +311,29 @@ class BatchReceiver:
 
     async def _fetch(self, kind: str, peer_id: str, round_: int, deadline_s: float) -> bytes | None:
         loop = asyncio.get_running_loop()
-        end = time.monotonic() + deadline_s
+        t0 = time.monotonic()
+        end = t0 + deadline_s
         attempts = 0
+        failing_since = None  # first failure to reach the peer or to get bytes from it
         while time.monotonic() < end:
             ann = (await loop.run_in_executor(None, self.membership.read_announcements, kind)).get(peer_id)
             entry = ann.entry(round_) if ann else None
             if entry is not None:
                 attempts += 1
                 payload, reason = await self._download(kind, peer_id, entry, end - time.monotonic())
-                if payload is not None or reason not in RETRIABLE or attempts >= FETCH_ATTEMPTS:
+                failing_since = failing_since or time.monotonic()
+                if (payload is not None or reason not in FETCH_RETRIABLE
+                        or time.monotonic() - failing_since >= FETCH_RETRY_S):
+                    self.log.debug("fetch(%s, %s, round %d): %s after %.2fs, %d attempt(s)", kind, peer_id, round_,
+                                   f"{len(payload)} bytes" if payload is not None else reason,
+                                   time.monotonic() - t0, attempts)
                     return payload
-                await asyncio.sleep(min(0.2, max(end - time.monotonic(), 0.0)))  # a dropped stream: try again
+                # a dropped or silent stream, a peer not reachable yet (its DHT child restarting): again
+                await asyncio.sleep(min(FETCH_RETRY_PAUSE_S, max(end - time.monotonic(), 0.0)))
                 continue
             if ann is not None and ann.latest is not None and ann.latest.round > round_ and len(ann.blobs) >= self.keep:
+                self.log.debug("fetch(%s, %s, round %d): no longer kept (it announces %s) after %.2fs", kind, peer_id,
+                               round_, [b.round for b in ann.blobs], time.monotonic() - t0)
                 return None  # that round is no longer kept by the peer
             await asyncio.sleep(min(POLL_S, max(end - time.monotonic(), 0.0)))
         self.counters.reject(reasons.TIMEOUT, peer_id, f"{kind} round {round_} not announced within {deadline_s:.1f}s")

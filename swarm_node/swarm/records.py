@@ -19,7 +19,6 @@ import pydantic.v1 as pv1
 from cryptography.hazmat.primitives import serialization
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
-from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.p2p import PeerID
 from hivemind.proto import crypto_pb2
@@ -147,19 +146,18 @@ def make_validators(swarm_id: str | list[str], private_key: RSAPrivateKey | None
 # DHT keys are hashed, so a peer cannot tell which swarm an unknown key belongs to; but every record a
 # swarm-node peer signs carries an `[owner:...]` subkey. Signed records under *any* key must therefore be
 # well-formed member records or announcements of their signer, and every record (signed or not, e.g.
-# hivemind's averaging records) is bounded in size and lifetime. Storage is bounded per key and in total
-# by `bound_storage`, installed in each DHT child.
+# hivemind's averaging records) is bounded in size and lifetime. Storage is bounded per key and in total,
+# and StoreRequests in keys and records, by swarm/dht_bounds.py, installed in each DHT child.
 
 MAX_RECORD_BYTES = 4096  # value after its signature is stripped: a member record is ~300 B, 16 blobs ~1.6 KB
 MAX_SUBKEY_BYTES = 1024  # an RSA-2048 owner subkey is ~400 B
 MAX_RECORD_TTL_S = 86_400.0  # a record may not ask to be kept for more than a day
-MAX_SUBKEYS_PER_KEY = 1024  # keeps one key's dictionary far below hivemind's 4 MiB message cap
-MAX_STORED_ENTRIES = 32_768  # records held by one DHT peer: at most ~128 MiB of values
 REFUSALS: Counter = Counter()  # in the DHT child process; read by dht.record_refusals()
 _refusal_log = RateLimitedLog(logging.getLogger("swarm_node.dht"))
 
 
-def _refuse(reason: str, detail: str) -> bool:
+def refuse(reason: str, detail: str) -> bool:
+    """Count and log (rate-limited) a refusal of the DHT child; False, what a validator or store returns."""
     REFUSALS[reason] += 1
     _refusal_log.warning(reason, "refused a DHT record: %s (%s)", reason, detail)
     return False
@@ -174,19 +172,19 @@ class RecordGuard(RecordValidatorBase):
 
     def validate(self, record: DHTRecord) -> bool:
         if len(record.value) > MAX_RECORD_BYTES or len(record.subkey) > MAX_SUBKEY_BYTES:
-            return _refuse(reasons.RECORD_TOO_LARGE, f"value {len(record.value)} B, subkey {len(record.subkey)} B")
+            return refuse(reasons.RECORD_TOO_LARGE, f"value {len(record.value)} B, subkey {len(record.subkey)} B")
         if record.expiration_time > time.time() + MAX_RECORD_TTL_S:
-            return _refuse(reasons.RECORD_TTL, f"expires {record.expiration_time - time.time():.0f}s from now")
+            return refuse(reasons.RECORD_TTL, f"expires {record.expiration_time - time.time():.0f}s from now")
         try:
             subkey = MSGPackSerializer.loads(record.subkey)
         except Exception:
-            return _refuse(reasons.RECORD_SHAPE, "subkey is not msgpack")
+            return refuse(reasons.RECORD_SHAPE, "subkey is not msgpack")
         if not (isinstance(subkey, bytes) and RSASignatureValidator._PUBLIC_KEY_RE.search(subkey)):
             return True  # not a swarm-node record: only the bounds above apply
         try:
             value = MSGPackSerializer.loads(record.value)
         except Exception:
-            return _refuse(reasons.RECORD_SHAPE, "value is not msgpack")
+            return refuse(reasons.RECORD_SHAPE, "value is not msgpack")
         if value is None:
             return True  # a peer withdrawing its record
         rec = None
@@ -197,47 +195,10 @@ class RecordGuard(RecordValidatorBase):
             except (pv1.ValidationError, TypeError, ValueError):
                 continue
         if rec is None:
-            return _refuse(reasons.RECORD_SHAPE, "signed value is neither a member record nor an announcement")
+            return refuse(reasons.RECORD_SHAPE, "signed value is neither a member record nor an announcement")
         if rec.peer_id != peer_id_of_subkey(subkey):
-            return _refuse(reasons.RECORD_OWNER, f"record claims peer {rec.peer_id[:16]}, signed by another key")
+            return refuse(reasons.RECORD_OWNER, f"record claims peer {rec.peer_id[:16]}, signed by another key")
         return True
-
-
-def bounded_store_methods(max_subkeys: int = MAX_SUBKEYS_PER_KEY, max_entries: int = MAX_STORED_ENTRIES):
-    """(store, store_subkey) for DHTLocalStorage that refuse a new subkey when its key already holds
-    `max_subkeys`, and any new entry when the storage holds `max_entries`. Refreshing an entry that is
-    already listed is always allowed, so a flood of fake identities cannot evict honest peers already
-    listed; it can only fill the remaining room."""
-    original_store, original_subkey = _ORIGINAL_STORE
-
-    def total(storage) -> int:
-        return sum(len(v.value) if isinstance(v.value, DictionaryDHTValue) else 1 for _k, v in storage.items())
-
-    def store_subkey(self, key, subkey, value, expiration_time) -> bool:
-        current = self.get(key)
-        held = current.value if current is not None else None
-        listed = isinstance(held, DictionaryDHTValue)
-        if not (listed and subkey in held):  # a new entry
-            if listed and len(held) >= max_subkeys:
-                return _refuse(reasons.SUBKEYS_FULL, f"a key already holds {max_subkeys} subkeys")
-            if total(self) >= max_entries:
-                return _refuse(reasons.STORAGE_FULL, f"{max_entries} records stored")
-        return original_subkey(self, key, subkey, value, expiration_time)
-
-    def store(self, key, value, expiration_time, subkey=None) -> bool:
-        if subkey is None and self.get(key) is None and total(self) >= max_entries:
-            return _refuse(reasons.STORAGE_FULL, f"{max_entries} records stored")
-        return original_store(self, key, value, expiration_time, subkey)
-
-    return store, store_subkey
-
-
-_ORIGINAL_STORE = (DHTLocalStorage.store, DHTLocalStorage.store_subkey)
-
-
-def bound_storage() -> None:
-    """Install the bounded store methods on DHTLocalStorage; called in the DHT child process only."""
-    DHTLocalStorage.store, DHTLocalStorage.store_subkey = bounded_store_methods()
 
 
 # ---- identities ----

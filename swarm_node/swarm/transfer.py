@@ -65,7 +65,10 @@ class UploadLimits:
     write_timeout_s: float = 10.0  # for each chunk (1 MiB) to drain: at least ~100 KiB/s, else cut off
 
 
-BlobLookup = Callable[[str, int], "bytes | None"]
+BlobLookup = Callable[[str, int], "tuple[bytes, bytes] | None"]
+"""(kind, round) -> (payload, its sha256 digest) of a blob we keep, or None. The digest is the one stored
+with the blob (`BlobStore.served`): hashing a payload of up to max_batch_bytes on the event loop for every
+request would stall every stream handler of the node for as long."""
 Refused = Callable[[str, str, str], None]  # (reason, peer id, detail)
 
 
@@ -124,10 +127,11 @@ def make_handler(lookup: BlobLookup, on_sent: Callable[[int], None], on_refused:
                 await _write(writer, BUSY, limits.write_timeout_s)
                 return
             kind, round_ = await _read_request(reader, kinds, limits.request_timeout_s)
-            payload = lookup(kind, round_)
-            if payload is None:
+            blob = lookup(kind, round_)
+            if blob is None:
                 await _write(writer, MISSING, limits.write_timeout_s)
                 return
+            payload, digest = blob
             try:
                 await asyncio.wait_for(uploads.acquire(), limits.slot_wait_s)
             except asyncio.TimeoutError:
@@ -135,8 +139,7 @@ def make_handler(lookup: BlobLookup, on_sent: Callable[[int], None], on_refused:
                 await _write(writer, BUSY, limits.write_timeout_s)
                 return
             try:
-                await _write(writer, FOUND + len(payload).to_bytes(8, "big") + hashlib.sha256(payload).digest(),
-                             limits.write_timeout_s)
+                await _write(writer, FOUND + len(payload).to_bytes(8, "big") + digest, limits.write_timeout_s)
                 view = memoryview(payload)
                 for off in range(0, len(view), CHUNK):
                     await _write(writer, view[off : off + CHUNK], limits.write_timeout_s)
@@ -170,15 +173,20 @@ async def download(
     expected_sha256: str,
     max_bytes: int,
     on_received: Callable[[int], None],
+    stall_s: float | None = None,
 ) -> bytes:
     """Fetch one blob; raises TransferError(reason) on any refusal. A busy server is asked again.
 
-    The caller bounds the whole call (with_deadline), so retrying a busy server cannot outlive it.
+    `stall_s`: opening the stream, and each read after it, must get bytes within this long, else
+    TransferError(stalled): a sender that never answers, or a stream that died silently, is cut off in
+    seconds, whatever the size. The caller bounds the whole call (with_deadline), so retrying a busy server
+    cannot outlive it.
     """
     while True:
         try:
             return await _download_once(p2p, peer_id, kind, round_, expected_size=expected_size,
-                                        expected_sha256=expected_sha256, max_bytes=max_bytes, on_received=on_received)
+                                        expected_sha256=expected_sha256, max_bytes=max_bytes, on_received=on_received,
+                                        stall_s=stall_s)
         except TransferError as exc:
             if exc.reason != reasons.BUSY:
                 raise
@@ -195,38 +203,48 @@ async def _download_once(
     expected_sha256: str,
     max_bytes: int,
     on_received: Callable[[int], None],
+    stall_s: float | None = None,
 ) -> bytes:
+    async def within(aw, what: str):
+        try:
+            return await asyncio.wait_for(aw, stall_s)
+        except asyncio.TimeoutError:
+            raise TransferError(reasons.STALLED, f"{what}: no byte for {stall_s:.1f}s") from None
+
     try:
-        _info, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), HANDLER)
+        _info, reader, writer = await within(
+            p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), HANDLER), "opening the stream")
+    except TransferError:
+        raise
     except Exception as exc:  # p2pd reports dial failures as P2PDaemonError / ControlFailure
         raise TransferError(reasons.STREAM_ERROR, f"cannot open stream: {exc}") from None
     try:
         req = json.dumps({"kind": kind, "round": round_}).encode()
         writer.write(len(req).to_bytes(2, "big") + req)
         await writer.drain()
-        status = await reader.readexactly(1)
+        status = await within(reader.readexactly(1), "waiting for the answer")
         if status == BUSY:
             raise TransferError(reasons.BUSY, f"{peer_id[-8:]} has no upload slot free")
         if status != FOUND:
             raise TransferError(reasons.NOT_FOUND, f"{kind} round {round_} no longer kept")
-        header = await reader.readexactly(8 + 32)
+        header = await within(reader.readexactly(8 + 32), "waiting for the header")
         length = int.from_bytes(header[:8], "big")
         if length > max_bytes:
             raise TransferError(reasons.TOO_LARGE, f"{length} bytes > limit {max_bytes}")
         if length != expected_size:
             raise TransferError(reasons.SIZE_MISMATCH, f"{length} bytes, announced {expected_size}")
         digest = hashlib.sha256()
-        parts = []
-        remaining = length
-        while remaining:
-            part = await reader.readexactly(min(CHUNK, remaining))
-            remaining -= len(part)
+        body = bytearray()
+        while len(body) < length:
+            part = await within(reader.read(min(CHUNK, length - len(body))), f"after {len(body)} of {length} bytes")
+            if not part:
+                raise asyncio.IncompleteReadError(bytes(body), length)
             on_received(len(part))
             digest.update(part)
-            parts.append(part)
+            body += part
         if digest.hexdigest() != expected_sha256:
             raise TransferError(reasons.DIGEST_MISMATCH, f"sha256 {digest.hexdigest()[:12]}.. != announced {expected_sha256[:12]}..")
-        return b"".join(parts)
+        return bytes(body)
     except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
         raise TransferError(reasons.STREAM_ERROR, f"{type(exc).__name__}: {exc}") from None
     finally:

@@ -2,7 +2,8 @@
 
 The view is the peers we may push to: those in the member list and those that pushed to us (bounded by
 MAX_VIEW, so a flood of fresh identities does not grow it). Each round's announcement goes to F =
-`push_fanout` random accepted, reachable peers of it, drawn afresh every time, one push in flight per
+`push_fanout` random accepted, reachable peers of it (with a rank: trusted peers first, one place kept for
+strangers), drawn afresh every time, one push in flight per
 peer with a timeout, so a stopped peer cannot pile them up; a failed push skips that peer for a
 heartbeat. A newcomer gets our newest announcement at once.
 """
@@ -52,10 +53,12 @@ class PeerView:
     """
 
     def __init__(self, cfg: SwarmConfig, my_mode: str, accept: Accept | None, p2p: Callable[[], P2P | None],
-                 loop: LoopThread, counters: SwarmCounters, log: logging.Logger) -> None:
+                 loop: LoopThread, counters: SwarmCounters, log: logging.Logger,
+                 rank: Callable[[str], int] | None = None) -> None:
         self.cfg = cfg
         self.my_mode = my_mode
         self.accept = accept
+        self.rank = rank  # peer id -> 0 for a peer we trust (receiver.Rank); None: everyone alike
         self.peer_id = ""  # ours, once the DHT has started
         self.latest: BatchAnnouncement | None = None
         self._p2p = p2p
@@ -66,7 +69,7 @@ class PeerView:
         self._lock = threading.Lock()
         self._greeted: set[str] = set()
         self._pushing: set[str] = set()  # loop thread only
-        self._unreachable: dict[str, float] = {}  # peer -> monotonic time until which we skip it
+        self._unreachable: dict[str, float] = {}  # peer -> monotonic time until which we skip it (bounded)
         # peer -> when its pushes began to fail (none got through since); kept while a peer drops out of a
         # member list and back (a replica's copy may lack it), so only a push that gets through resets it
         self._failing_since: dict[str, float] = {}
@@ -106,6 +109,10 @@ class PeerView:
             for pid in gone:
                 del self._peers[pid]
                 self._greeted.discard(pid)
+                self._unreachable.pop(pid, None)
+            now = time.monotonic()
+            for pid in [p for p, until in self._unreachable.items() if until <= now]:
+                del self._unreachable[pid]  # its heartbeat of skipping is over
         return gone
 
     def unreachable_for(self, min_s: float) -> list[str]:
@@ -123,12 +130,30 @@ class PeerView:
         return first
 
     def targets(self, n: int, exclude: set[str] | None = None) -> list[str]:
-        """A fresh random sample of n accepted, reachable peers (peer sampling over the view)."""
+        """A fresh random sample of n accepted, reachable peers (peer sampling over the view).
+
+        With a `rank`, the peers ranked 0 (trusted) fill all but one of the n first and strangers the rest:
+        anyone may push to us and so join the view, and without this, identities that only announce
+        (tests/tooling/stallers.py) took nearly all of our pushes, so an established peer heard of our
+        batches only now and then; the stranger's place keeps newcomers hearing of them.
+        """
         now = time.monotonic()
         with self._lock:
             pool = [pid for pid, m in self._peers.items() if pid != self.peer_id and self.accepts(m)
                     and self._unreachable.get(pid, 0.0) <= now and not (exclude and pid in exclude)]
-        return random.sample(pool, min(n, len(pool)))
+        if self.rank is None:
+            return random.sample(pool, min(n, len(pool)))
+        known, strangers = [], []
+        for pid in pool:
+            (known if self._rank_of(pid) == 0 else strangers).append(pid)
+        take = min(len(known), n - 1 if strangers and n > 1 else n)
+        return random.sample(known, take) + random.sample(strangers, min(n - take, len(strangers)))
+
+    def _rank_of(self, peer_id: str) -> int:
+        try:
+            return int(self.rank(peer_id))
+        except Exception:  # a rank hook that fails ranks the peer a stranger
+            return 1
 
     # ---- pushes ----
 
@@ -181,8 +206,11 @@ class PeerView:
                 self._failing_since.pop(pid, None)
         except Exception as exc:  # dial failures, timeouts (a stopped peer), closed streams
             self.counters.add("push_failed")
-            self._unreachable[pid] = time.monotonic() + self.cfg.heartbeat_s
             with self._lock:
+                self._unreachable.pop(pid, None)  # re-inserted last: the dict's order is the order of failures
+                self._unreachable[pid] = time.monotonic() + self.cfg.heartbeat_s
+                while len(self._unreachable) > MAX_VIEW:  # bounded: the oldest skip ends early
+                    self._unreachable.pop(next(iter(self._unreachable)))
                 self._failing_since.setdefault(pid, time.monotonic())
                 while len(self._failing_since) > 2 * MAX_VIEW:  # bounded: the oldest entries go first
                     self._failing_since.pop(next(iter(self._failing_since)))
