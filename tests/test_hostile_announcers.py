@@ -15,18 +15,9 @@ import time
 
 import pytest
 
-from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
+from swarm_node.swarm import SwarmNode, keep_raw
+from tests.test_swarm import INFO, _cfg
 from tests.tooling.stallers import Stallers
-
-LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
-INFO = PeerInfo(mode="grpo", model_name="tiny-s", tokenizer_fp="tok1", task_id="arithmetic")
-
-
-def _cfg(**kw) -> SwarmConfig:
-    base = dict(enabled=True, host_maddrs=LOOPBACK, heartbeat_s=1.0, record_ttl_s=30.0, bootstrap_retries=1,
-                bootstrap_timeout_s=5.0)
-    return SwarmConfig(**{**base, **kw})
 
 
 def _wait(cond, timeout_s: float) -> bool:
