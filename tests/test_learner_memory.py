@@ -63,33 +63,41 @@ def test_micro_batches_keep_to_the_token_budget_and_the_gradient_is_unchanged():
 
 
 class _SmallCard:
-    """A model whose forwards run out of memory above `limit` input tokens, as a full card does."""
+    """A model whose forwards run out of memory above `limit` input tokens, as a full card does; and, if
+    `refuse_call` is set, once at that forward call whatever its size (memory taken mid-pass by another
+    process, or fragmentation), after earlier micro-batches of the pass have added to the gradient."""
 
-    def __init__(self, model, limit: int):
-        self.model, self.limit, self.refused = model, limit, 0
+    def __init__(self, model, limit: int | None, refuse_call: int | None = None):
+        self.model, self.limit, self.refuse_call, self.refused, self.calls = model, limit, refuse_call, 0, 0
         body = model.get_decoder()
         self._forward = body.forward
         body.forward = self._checked
 
     def _checked(self, *args, **kwargs):
         ids = kwargs.get("input_ids")
-        if ids is not None and ids.numel() > self.limit:
+        self.calls += 1
+        too_big = ids is not None and self.limit is not None and ids.numel() > self.limit
+        if too_big or self.calls == self.refuse_call:
             self.refused += 1
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return self._forward(*args, **kwargs)
 
 
-def test_out_of_memory_halves_the_token_budget_and_retries_with_the_same_update():
+@pytest.mark.parametrize(("budget", "limit", "refuse_call"), [(4096, 40, None), (64, None, 2)],
+                         ids=["too-big-for-the-card", "mid-pass"])
+def test_out_of_memory_halves_the_token_budget_and_retries_with_the_same_update(budget, limit, refuse_call):
     rng = np.random.default_rng(5)
     groups = _groups(rng)
     after = []
-    for limit in (None, 40):
+    for simulated in (False, True):
         model = tiny_llama(8)
-        cfg = TrainingConfig(micro_batch_tokens=4096, lr=1e-2)
+        # SGD, whose step is the gradient itself (Adam's first step is lr * sign(gradient), blind to a
+        # gradient counted twice), and no clipping, which would hide it too
+        cfg = TrainingConfig(micro_batch_tokens=budget, lr=0.5, optimizer="sgd", grad_clip=1e6)
         trainer = GRPOTrainer(model, cfg, PAD, "cpu")
         trainer._can_share_prompts = lambda: False  # one forward per micro-batch: the card sees all its tokens
         with_behaviour(trainer, groups, shift=-0.1)
-        card = _SmallCard(model, limit) if limit else None
+        card = _SmallCard(model, limit, refuse_call) if simulated else None
         res = trainer.step(groups)
         assert res.stepped
         if card is not None:
@@ -98,7 +106,9 @@ def test_out_of_memory_halves_the_token_budget_and_retries_with_the_same_update(
         else:
             assert res.oom_retries == 0 and res.micro_batch_tokens == cfg.micro_batch_tokens
         after.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
-    torch.testing.assert_close(after[0], after[1], atol=1e-6, rtol=1e-5)
+    # the same update up to float summation order (smaller micro-batches add the gradient in another order:
+    # CI saw 1.8e-6 on one of 20,640 weights); a micro-batch counted twice or lost moves them by far more
+    torch.testing.assert_close(after[0], after[1], atol=2e-5, rtol=1e-4)
 
 
 def test_out_of_memory_with_one_sequence_per_micro_batch_is_raised():

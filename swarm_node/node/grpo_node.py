@@ -152,6 +152,7 @@ class GRPONode(RoundNode):
     def close(self) -> None:
         if self.pipe is not None:
             self.pipe.close()
+        self.generator.close()  # a vLLM engine's memory and process-wide state go back now, not at exit
         if self.swarm is not None:
             self.swarm.close()
             self.swarm = None
