@@ -2,7 +2,7 @@
 
 `--quick` picks the benchmark's smoke size, `--seeds N` how many seeds (an explicit value wins over the
 quick default), `--seed S` the first one, and `--json PATH` where the results go; the JSON records the
-command, seeds, date and machine beside them, as docs/results.md asks of every figure.
+command, seeds, date and machine beside them, as CONTRIBUTING.md asks of every figure.
 """
 
 from __future__ import annotations

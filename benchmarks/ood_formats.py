@@ -3,7 +3,7 @@
 Each format turns a sha256 of "<format>:<i>" into the i-th problem (distinct texts, fixed order) and is
 scored by greedy exact match, as `swarm-node eval` does (8 new tokens, prompts encoded as a node with the
 default generation settings encodes them). This is how the `ood` split was chosen (docs/tasks.md,
-docs/results.md): a notation the warm-up never shows on which both presets start between 5% and 40%.
+docs/results/learning.md): a notation the warm-up never shows on which both presets start between 5% and 40%.
 
     python -m benchmarks.ood_formats --n 400
     python -m benchmarks.ood_formats --formats plus_first,spaced --quick

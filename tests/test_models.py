@@ -181,7 +181,7 @@ def test_warmed_up_accuracy_is_partial(presets_dir, name):
     # ood (a leading "+" on held-out problems) is below the ceiling and below id for both presets. It is
     # not asserted off the floor: on CI's AVX-512/AMX Xeon (2026-12-02, n=200) the v4 tiny-s scores 0.01 ood
     # at id 0.32 (the v3 build 0.015 there, 0.085 on the CPU the v3 docs were measured on), tiny-m 0.115:
-    # tiny-s ood gains are not measurable on every CPU (docs/results.md).
+    # tiny-s ood gains are not measurable on every CPU (docs/results/learning.md).
     ood = greedy_accuracy(lm.model, lm.tokenizer, task, task.eval_prompts("ood", 200))
     assert ood == pytest.approx(meta["eval_ood_accuracy"], abs=0.02)
     assert ood <= 0.40 and ood < meta["eval_id_accuracy"], (ood, meta)

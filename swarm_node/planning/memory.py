@@ -23,7 +23,7 @@ the sampled position's fp32 logits. vLLM: an engine of its own, the weights in t
 cache of one round (prompts x G sequences) and a fixed overhead (CUDA graphs, the sampler); with sleep mode
 (CUDA) the engine gives its memory back during the step, so the two phases do not add up.
 
-Checked against measured peaks on CPU (docs/results.md, "A node's memory"), not yet on a GPU.
+Checked against measured peaks on CPU (docs/results/gpu-node.md, "A node's memory"), not yet on a GPU.
 """
 
 from __future__ import annotations

@@ -276,7 +276,7 @@ class SwarmNode:
         connected), then every REJOIN_EVERY_S while alone. A node whose link was down for a minute has
         dropped every peer from its DHT routing table (their RPCs failed) and its peers have dropped it, and
         nothing else dials again: such a node took 34-37 s after its link returned to exchange again, 6-10 s
-        with this (benchmarks/network.py link_cut, docs/results.md)."""
+        with this (benchmarks/network.py link_cut, docs/results/network.md)."""
         if self._alone_reads < ALONE_READS or now < self._next_rejoin:
             return
         self._next_rejoin = now + REJOIN_EVERY_S

@@ -19,7 +19,7 @@ Splits:
             notation neither the warm-up nor training ever shows (every training prompt starts with a
             digit; here every character sits one position later). The i-th ood problem is "+" and the
             i-th id eval problem, so neither the problem nor the notation was ever trained on. Both
-            presets start between 5% and 40% here (docs/results.md), so in- and out-of-distribution
+            presets start between 5% and 40% here (docs/results/learning.md), so in- and out-of-distribution
             gains can both be measured; prompt_from_id refuses every ood id.
   * "ood_formats" - the previous ood split, kept so older figures can be reproduced: spaced
             "12 + 7 =" and chained "3+8-5=" problems in equal turns (tiny-m starts at 0.138, tiny-s at
