@@ -148,4 +148,9 @@ def test_report_per_part_and_gain_over_alone(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert f"| +0.250 +- {g['se']:.3f} (cannot tell) |" in md and "gain over alone" in md
     assert "| tiny-s | swarm | add | 0.250 -> 0.450 | 0.250 -> 0.350 | 0.000 -> 0.300 |" in md, md
+    # the headline, first thing after the command: the alone and swarm ends and the gain, paired, on 12 problems
+    headline = md.index("## Gain over alone")
+    assert headline < md.index("| peer | arm | rounds |") and "on the 12 held-out problems" in md
+    assert (f"| tiny-s | add | {s['start_accuracy']:.3f} -> {4 / 12:.3f} | {s['start_accuracy']:.3f} -> {7 / 12:.3f} "
+            f"| +0.250 +- {g['se']:.3f} | cannot tell |") in md, md
     assert (tmp_path / "accuracy_parts.png").stat().st_size > 0

@@ -3,9 +3,14 @@
 tests/data/report_golden/<case>/ are run dirs (a real 2-peer demo with its alone arm, a synthetic demo dir
 with a peer that has no rows yet, a GRPO node's state dir with a line cut short, a DPO node's); the
 <case>.report.json / .report.md beside them were written by the report code as it was before the
-refactor (commit 696d22a), except the "Rejections by reason" table the reason registry added to report.md
-and the specialties' per-part keys and gain-over-alone column (2026-12-02). The dashboard's page shows the
-same per-peer numbers (one function).
+refactor (commit 696d22a), except the "Rejections by reason" table the reason registry added to report.md,
+the specialties' per-part keys and gain-over-alone column (2026-12-02) and the "Gain over alone" table at the
+top of report.md (2026-12-07). The dashboard's page shows the same per-peer numbers (one function).
+
+When the report's format changes on purpose, regenerate a case's expected files from its run dir with the new
+code and read the diff: copy tests/data/report_golden/<case> to a temp dir, call
+`write_report(dir, {"command": "swarm-node demo (golden)", "rounds": 8})` and copy its report.md (and
+report.json, less its "run_dir") over <case>.report.md / .json.
 """
 
 from __future__ import annotations
