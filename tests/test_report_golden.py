@@ -46,3 +46,13 @@ def test_page_shows_the_reports_numbers(case):
     doc = json.loads(RunWatcher([DATA / case]).document())
     page = {(p["arm"], p["name"]): p["summary"] for p in doc["peers"]}
     assert page == {(arm, peer): s for arm, peers in expected.items() for peer, s in peers.items()}
+
+
+def test_the_readmes_first_figure_is_the_recorded_default_demos_table():
+    """README's first table is the report.md headline of the run recorded in report_golden/specialised (the
+    default demo), row for row: regenerate both together."""
+    readme = (DATA.parents[2] / "README.md").read_text()
+    first = readme.split("\n| peer |", 1)[1].split("\n\n", 1)[0].splitlines()
+    report = (DATA / "specialised.report.md").read_text()
+    assert len(first) == 5 and first[0].startswith(" samples | alone: acc start -> end |"), first
+    assert "| peer |" + "\n".join(first) in report
