@@ -1,7 +1,9 @@
 """report.json and report.md stay byte-for-byte what they were before the dashboard shared their numbers.
 
 tests/data/report_golden/<case>/ are run dirs (a real 2-peer demo with its alone arm, a synthetic demo dir
-with a peer that has no rows yet, a GRPO node's state dir with a line cut short, a DPO node's); the
+with a peer that has no rows yet, a GRPO node's state dir with a line cut short, a DPO node's, and
+`specialised`: the metrics of a real default demo, 2026-12-07, whose report.md headline is README's first
+table); the
 <case>.report.json / .report.md beside them were written by the report code as it was before the
 refactor (commit 696d22a), except the "Rejections by reason" table the reason registry added to report.md,
 the specialties' per-part keys and gain-over-alone column (2026-12-02) and the "Gain over alone" table at the
