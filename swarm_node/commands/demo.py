@@ -23,7 +23,7 @@ from pathlib import Path
 from swarm_node.errors import UserFacingError
 
 NAME = "demo"
-HELP = "run a local swarm of tiny heterogeneous GRPO peers and write a report with plots"
+HELP = "run a local swarm of GRPO peers and report what it gave each (default: tiny specialists against alone)"
 
 
 
@@ -54,10 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant", default=None, help="override training.variant for every peer (e.g. naive, ftis)")
     p.add_argument("--specialise", action=argparse.BooleanOptionalAction, default=None,
                    help="each peer samples one part of the arithmetic task (add, sub, signed, in peer order) and "
-                        "is scored on all three, 400 problems each: what peers with different skills gain "
-                        "(docs/results.md, 'Where the swarm pays'). Default: on when every peer runs arithmetic "
-                        "(the tiny peers); --no-specialise keeps each peer on its config's full task (the demo "
-                        "before 2026-12-07)")
+                        "is scored on all three: what peers with different skills gain (docs/results.md, "
+                        "'Where the swarm pays'). Default: on when every peer runs arithmetic on a tiny preset "
+                        "(the default peers); --no-specialise keeps each peer on its config's full task, swarm "
+                        "only (the demo before 2026-12-07)")
     p.add_argument("--compare-alone", action=argparse.BooleanOptionalAction, default=None,
                    help="first train each peer alone (no swarm) for the same rounds: the baseline of the 'gain "
                         "over alone' column in the live table and the report, and the dashed curves of the plots; "
