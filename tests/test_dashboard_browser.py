@@ -120,8 +120,9 @@ def test_page_renders_grows_and_matches_the_report(presets_dir, tmp_path):
     _need_browser()
     out = tmp_path / "demo"
     env = {**os.environ, "SWARM_NODE_PRESETS": str(presets_dir), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    demo = subprocess.Popen([sys.executable, "-m", "swarm_node.cli", "demo", "--peers", *PEERS, "--rounds",
-                             str(ROUNDS), "--eval-every", "2", "--out", str(out), "--dashboard-port", "0",
+    # --no-specialise: the swarm arm at once (the default trains each peer alone first)
+    demo = subprocess.Popen([sys.executable, "-m", "swarm_node.cli", "demo", "--no-specialise", "--peers", *PEERS,
+                             "--rounds", str(ROUNDS), "--eval-every", "2", "--out", str(out), "--dashboard-port", "0",
                              "--log-level", "warning"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # Ctrl-C as from a terminal

@@ -1,7 +1,8 @@
 """`swarm-node demo` and `swarm-node report` end to end, as a user runs them (subprocesses, 127.0.0.1).
 
-One short demo with the alone baseline (2 rounds per arm) feeds every test: report.json numbers, the PNG
-plots, and regenerating the report from the metrics files alone.
+One short default demo (the specialised peers, alone first then the swarm, 2 rounds per arm) feeds every
+test: report.json numbers, each peer's gain over alone with its SE, the PNG plots, and regenerating the
+report from the metrics files alone.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from swarm_node.runs.stats import verdict
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # the first test may build the presets
 
@@ -38,8 +42,7 @@ def _cli(*args: str, presets: Path, timeout: float) -> subprocess.CompletedProce
 def demo_out(demo_presets, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("demo") / "out"
     t0 = time.monotonic()
-    res = _cli("demo", "--rounds", "2", "--compare-alone", "--out", str(out), "--dashboard-port", "0",
-               presets=demo_presets, timeout=400)
+    res = _cli("demo", "--rounds", "2", "--out", str(out), "--dashboard-port", "0", presets=demo_presets, timeout=400)
     return {"out": out, "res": res, "seconds": time.monotonic() - t0}
 
 
@@ -79,6 +82,42 @@ def test_demo_writes_report_and_plots(demo_out):
         for p in PEERS:
             assert (out / arm / p / "metrics.jsonl").is_file()
             assert (out / arm / p / "node.log").is_file()
+
+
+def _end_eval(path: Path) -> dict:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r.get("eval_hits")][-1]
+
+
+def test_default_demo_reports_each_peers_gain_over_alone_with_its_se(demo_out):
+    """The default's payoff: every peer's swarm end minus its alone end on the same 1200 problems (400 a part),
+    +- the SE paired per problem, as the peers' own metrics.jsonl say it is; in report.md's headline table and
+    the swarm's live lines. Alone ran first (so the live table could show the gain as the swarm went)."""
+    res, out = demo_out["res"], demo_out["out"]
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["gain_over_alone"]) == set(PEERS)
+    md = (out / "report.md").read_text()
+    assert md.index("## Gain over alone") < md.index("| peer | arm | rounds |")
+    assert "on the 1200 held-out problems" in md and "paired per problem" in md
+    for peer, mix in zip(PEERS, ("add", "sub", "signed"), strict=True):
+        s, a = (_end_eval(out / arm / peer / "metrics.jsonl") for arm in ("swarm", "alone"))
+        assert s["round"] == a["round"] == 2 and s["eval_n"] == a["eval_n"] == 1200 == len(s["eval_hits"])
+        d = np.array([int(x) - int(y) for x, y in zip(s["eval_hits"], a["eval_hits"], strict=True)])
+        g = report["gain_over_alone"][peer]
+        assert g["paired"] and g["gain"] == pytest.approx(s["eval_accuracy"] - a["eval_accuracy"]) == \
+            pytest.approx(d.mean())
+        assert g["se"] == pytest.approx(d.std(ddof=1) / np.sqrt(d.size)) and g["verdict"] == verdict(g["gain"], g["se"])
+        assert {k for k, w in report["arms"]["swarm"][peer]["task_mix"].items() if w > 0} == {mix}
+        row = next(line for line in md.splitlines() if line.startswith(f"| {peer} | {mix} | "))
+        assert row.endswith(f"| {g['gain']:+.3f} +- {g['se']:.3f} | {g['verdict']} |"), row
+        assert f"[demo] {peer:12s} gain over alone: {g['gain']:+.3f} +- {g['se']:.3f}" in res.stdout
+    out_ = res.stdout
+    alone_lines, swarm_lines = ([line for line in part.splitlines() if line.startswith("[demo] tiny-s r")] for part in (
+        out_[out_.index("[demo] alone: started"):out_.index("[demo] swarm: started")],
+        out_[out_.index("[demo] swarm: started"):out_.index("# swarm-node run report")]))
+    assert alone_lines and not any(" gain " in line for line in alone_lines)  # the live lines: alone first
+    assert swarm_lines and all(" gain " in line for line in swarm_lines)  # then the swarm's, with the gain column
 
 
 def test_report_command_regenerates(demo_out):

@@ -73,3 +73,40 @@ def test_specialise_gives_each_peer_one_part_in_both_arms(tmp_path: Path) -> Non
     demo._check_specialise(templates, None)  # arithmetic peers: fine
     with pytest.raises(UserFacingError, match="--specialise.*reasoning_gym"):
         demo._check_specialise([PEERS / "rg-tiny-s.yaml"], None)
+
+
+def _resolved(templates: list[Path], **kw) -> argparse.Namespace:
+    args = _args(**kw)
+    demo.resolve_defaults(args, templates)
+    return args
+
+
+def test_the_default_demo_is_the_specialised_swarm_against_alone(tmp_path: Path) -> None:
+    """No flags: the tiny peers specialise, each with its alone run first, scored on 1200 problems (400 a part);
+    --no-specialise is the demo as it was (full task, swarm arm only, the configs' eval_n); other tasks' peers
+    (reasoning-gym) and a real model's chat arithmetic keep their setting without an error; an explicit
+    --specialise on another task than arithmetic is one."""
+    from swarm_node.config import load_config
+    from swarm_node.errors import UserFacingError
+
+    tiny = [PEERS / f"{n}.yaml" for n in demo.DEFAULT_PEERS]
+    args = _resolved(tiny)
+    assert (args.specialise, args.compare_alone, args.eval_n, args.rounds) == (True, True, 1200, 60)
+    cfgs = [load_config(p.config) for p in demo.peer_configs("alone", args, tiny, tmp_path / "d")]
+    assert [c.task.mix for c in cfgs] == [{"add": 1}, {"sub": 1}, {"signed": 1}]
+    assert all(c.task.eval_n == 1200 and c.task.eval_split == "union" for c in cfgs)
+
+    old = _resolved(tiny, no_specialise=True)
+    assert (old.specialise, old.compare_alone, old.eval_n) == (False, False, None)
+    cfgs = [load_config(p.config) for p in demo.peer_configs("swarm", old, tiny, tmp_path / "o")]
+    assert all(c.task.mix is None and c.task.eval_n == load_config(t).task.eval_n for c, t in zip(cfgs, tiny,
+                                                                                                  strict=True))
+    assert _resolved(tiny, no_specialise=True, compare_alone=True).compare_alone is True
+    assert _resolved(tiny, eval_n=300).eval_n == 300
+
+    for other in ([PEERS / "rg-tiny-s.yaml"], [PEERS / "smollm2-135m.yaml"]):
+        args = _resolved(other)
+        assert (args.specialise, args.compare_alone, args.eval_n) == (False, False, None), other
+    with pytest.raises(UserFacingError, match="--specialise.*reasoning_gym"):
+        _resolved([PEERS / "rg-tiny-s.yaml"], specialise=True)
+    assert _resolved(tiny, task="gsm8k").specialise is False

@@ -148,4 +148,32 @@ def test_report_per_part_and_gain_over_alone(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert f"| +0.250 +- {g['se']:.3f} (cannot tell) |" in md and "gain over alone" in md
     assert "| tiny-s | swarm | add | 0.250 -> 0.450 | 0.250 -> 0.350 | 0.000 -> 0.300 |" in md, md
+    # the headline, first thing after the command: the alone and swarm ends and the gain, paired, on 12 problems
+    headline = md.index("## Gain over alone")
+    assert headline < md.index("| peer | arm | rounds |") and "on the 12 held-out problems" in md
+    assert (f"| tiny-s | add | {s['start_accuracy']:.3f} -> {4 / 12:.3f} | {s['start_accuracy']:.3f} -> {7 / 12:.3f} "
+            f"| +0.250 +- {g['se']:.3f} | cannot tell |") in md, md
     assert (tmp_path / "accuracy_parts.png").stat().st_size > 0
+
+
+def test_the_default_demos_report_carries_each_peers_gain_over_alone(tmp_path):
+    """The recorded metrics of a real default demo (tests/data/report_golden/specialised: 3 specialised peers,
+    60 rounds, 1200 eval problems) through the report code: every peer's gain over alone and its SE, paired
+    per problem, as the final eval rows' hits give them, in report.json and report.md's headline table."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).resolve().parent / "data" / "report_golden" / "specialised", run)
+    assert main(["report", str(run)]) == 0
+    report = json.loads((run / "report.json").read_text())
+    md = (run / "report.md").read_text()
+    assert set(report["gain_over_alone"]) == {"tiny-s", "tiny-m", "tiny-s-lora"}
+    for peer, g in report["gain_over_alone"].items():
+        ends = [[r for r in map(json.loads, (run / arm / peer / "metrics.jsonl").read_text().splitlines())
+                 if r.get("eval_hits")][-1] for arm in ("swarm", "alone")]
+        assert ends[0]["round"] == ends[1]["round"] == 60 and len(ends[0]["eval_hits"]) == 1200
+        d = np.array([int(x) - int(y) for x, y in zip(ends[0]["eval_hits"], ends[1]["eval_hits"], strict=True)])
+        assert g["paired"] and g["gain"] == pytest.approx(d.mean())
+        assert g["se"] == pytest.approx(d.std(ddof=1) / np.sqrt(1200)) and 0.005 < g["se"] < 0.02
+        mix = next(k for k, w in report["arms"]["swarm"][peer]["task_mix"].items() if w > 0)
+        assert f"| {peer} | {mix} | " in md and f"| {g['gain']:+.3f} +- {g['se']:.3f} | {g['verdict']} |" in md

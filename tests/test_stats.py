@@ -72,3 +72,16 @@ def test_linear_contrast_weighs_paired_runs():
     assert linear_contrast(seeds)[0] == pytest.approx(-0.05 / 3)
     with pytest.raises(ValueError, match="differ in length"):
         linear_contrast([[(1.0, [True], 1.0), (-1.0, [True, False], 0.5)]])
+
+
+def test_gain_with_se_pairs_per_problem_when_it_can():
+    """Same problems: the paired SE; different problem counts: the unpaired one (larger here); neither: nan."""
+    from swarm_node.runs.stats import gain_with_se
+
+    a, b = "1101101100", "1001001100"  # a gets 2 more right, none fewer
+    g = gain_with_se(0.6, 0.4, a, b)
+    d = np.array([int(x) - int(y) for x, y in zip(a, b, strict=True)])
+    assert g["paired"] and g["gain"] == pytest.approx(0.2) and g["se"] == pytest.approx(d.std(ddof=1) / np.sqrt(10))
+    u = gain_with_se(0.6, 0.4, a, b[:9], 10, 9)
+    assert not u["paired"] and u["se"] == pytest.approx(np.sqrt(0.24 / 10 + 0.24 / 9)) and u["se"] > g["se"]
+    assert gain_with_se(0.6, 0.4)["verdict"] == "cannot tell"

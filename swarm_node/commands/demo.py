@@ -2,13 +2,19 @@
 
 Builds (or reuses) the tiny presets, starts a bootstrap peer and one process per peer on 127.0.0.1,
 shows a live table and serves a live page (`swarm-node dashboard`'s) while it runs, then writes
-report.json, report.md and PNG plots. `--compare-alone` also trains the
-same peers alone (no swarm) for the same rounds and puts both curves on the plots.
+report.json, report.md and PNG plots.
+
+By default the peers specialise (each samples one part of the arithmetic task, all are scored on the
+three) and each is first trained alone on its own part for the same rounds: the baseline, so that the live
+table and the report show each peer's gain over alone with its SE, which is what a swarm is for
+(docs/results/learning.md, "Where the swarm pays"). `--no-specialise` is the demo as it was before: every peer on
+its config's full task, swarm arm only (`--compare-alone` adds the alone arm there too).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -17,7 +23,7 @@ from pathlib import Path
 from swarm_node.errors import UserFacingError
 
 NAME = "demo"
-HELP = "run a local swarm of tiny heterogeneous GRPO peers and write a report with plots"
+HELP = "run a local swarm of GRPO peers and report what it gave each (default: tiny specialists against alone)"
 
 
 
@@ -32,6 +38,7 @@ DEFAULT_PEERS = ["tiny-s", "tiny-m", "tiny-s-lora"]
 DEFAULT_ROUNDS = 60
 DASHBOARD_PORT = 8470  # `swarm-node dashboard`'s default too
 SPECIALTIES = ("add", "sub", "signed")  # --specialise: the arithmetic universe's parts, one per peer in order
+SPECIALISED_EVAL_N = 1200  # --specialise scores on 400 problems of each part (the specialties benchmark's set)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,11 +52,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="task for every peer (default: each peer config's own, e.g. reasoning_gym for peers/rg-*.yaml)")
     p.add_argument("--data-path", default=None, help="gsm8k: JSONL/parquet file")
     p.add_argument("--variant", default=None, help="override training.variant for every peer (e.g. naive, ftis)")
-    p.add_argument("--compare-alone", action="store_true", help="also train each peer alone and plot both")
-    p.add_argument("--specialise", action="store_true",
+    p.add_argument("--specialise", action=argparse.BooleanOptionalAction, default=None,
                    help="each peer samples one part of the arithmetic task (add, sub, signed, in peer order) and "
-                        "is scored on all three: what peers with different skills gain (docs/results.md, "
-                        "'Where the swarm pays'); with --compare-alone, alone means alone on its own part")
+                        "is scored on all three: what peers with different skills gain (docs/results/learning.md, "
+                        "'Where the swarm pays'). Default: on when every peer runs arithmetic on a tiny preset "
+                        "(the default peers); --no-specialise keeps each peer on its config's full task, swarm "
+                        "only (the demo before 2026-12-07)")
+    p.add_argument("--compare-alone", action=argparse.BooleanOptionalAction, default=None,
+                   help="first train each peer alone (no swarm) for the same rounds: the baseline of the 'gain "
+                        "over alone' column in the live table and the report, and the dashed curves of the plots; "
+                        "with --specialise, alone means alone on its own part. Default: on when the peers "
+                        "specialise")
+    p.add_argument("--eval-n", type=int, default=None,
+                   help=f"held-out problems each eval scores (default: {SPECIALISED_EVAL_N} when the peers "
+                        "specialise, else each peer config's task.eval_n)")
     p.add_argument("--eval-every", type=int, default=None,
                    help="evaluate every k rounds (default: each peer config's metrics.eval_every)")
     p.add_argument("--seed", type=int, default=None,
@@ -91,10 +107,17 @@ def default_rounds(templates: list[Path]) -> int:
     return max((int(r) for r in found if r), default=DEFAULT_ROUNDS)
 
 
+def _say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
 def _build_presets(templates: list[Path]) -> None:
+    """Build the presets the peers load that are not cached yet, side by side on a machine with the cores for
+    it: a build trains on one torch thread (models/presets.py), so a fresh clone's tiny-s and tiny-m take the
+    longer build's time on 2 cores, not the sum (~85 s, not ~140 s, on the idle 2-core box)."""
     import yaml
 
-    from swarm_node.models.factory import ensure_preset
+    from swarm_node.models.factory import ensure_preset, preset_is_built
     from swarm_node.models.presets import preset_names
 
     needed = []
@@ -102,8 +125,17 @@ def _build_presets(templates: list[Path]) -> None:
         path = (yaml.safe_load(t.read_text()) or {}).get("model", {}).get("path", "tiny-s")
         if path in preset_names() and path not in needed:
             needed.append(path)
-    for name in needed:
-        ensure_preset(name, progress=lambda msg: print(f"[demo] {msg}", flush=True))
+    missing = [name for name in needed if not preset_is_built(name)]
+    workers = min(len(missing), os.cpu_count() or 1)
+    if workers > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for build in [pool.submit(ensure_preset, name, progress=_say) for name in missing]:
+                build.result()
+    for name in needed:  # cached now (or built here, one at a time, on one core)
+        ensure_preset(name, progress=_say)
 
 
 def peer_configs(arm: str, args: argparse.Namespace, templates: list[Path], out: Path) -> list:
@@ -115,6 +147,7 @@ def peer_configs(arm: str, args: argparse.Namespace, templates: list[Path], out:
     swarm = arm == "swarm"
     # loopback only: a local demo should not open ports on every interface of the machine
     overrides = {"rounds": args.rounds, **({"metrics.eval_every": args.eval_every} if args.eval_every else {}),
+                 **({"task.eval_n": args.eval_n} if getattr(args, "eval_n", None) else {}),
                  **({"task.name": args.task} if args.task else {}), "swarm.enabled": swarm, "swarm.swarm_id": "demo", "swarm.host_maddrs": ["/ip4/127.0.0.1/tcp/0"]}
     if args.data_path:
         overrides["task.data_path"] = str(Path(args.data_path).resolve())
@@ -152,7 +185,11 @@ def _run_arm(arm: str, args: argparse.Namespace, templates: list[Path], out: Pat
             p.start(boot.maddrs if boot else None, args.log_level)
         print(f"[demo] {arm}: started {len(peers)} peers ({', '.join(p.name for p in peers)}); "
               f"logs in {out / arm}/<peer>/node.log", flush=True)
-        with LiveTable(f"{arm}: {args.rounds} rounds", peers, args.rounds) as live:
+        if not swarm:
+            print("[demo] alone first: each peer trains by itself (the baseline); then the same peers as a swarm, "
+                  "with each one's gain over alone", flush=True)
+        baseline = {p.name: out / "alone" / p.name / "metrics.jsonl" for p in peers} if swarm else None
+        with LiveTable(f"{arm}: {args.rounds} rounds", peers, args.rounds, baseline=baseline) as live:
             while any(p.running() for p in peers):
                 live.refresh()
                 time.sleep(1.0)
@@ -193,15 +230,45 @@ def _start_dashboard(out: Path, port: int):
     return server
 
 
-def _check_specialise(templates: list[Path], task: str | None) -> None:
-    """--specialise splits the arithmetic task's parts: every peer must run that task."""
+def _task_names(templates: list[Path], task: str | None) -> set[str]:
     import yaml
 
-    names = {task or ((yaml.safe_load(t.read_text()) or {}).get("task") or {}).get("name", "arithmetic")
-             for t in templates}
+    return {task or ((yaml.safe_load(t.read_text()) or {}).get("task") or {}).get("name", "arithmetic")
+            for t in templates}
+
+
+def _check_specialise(templates: list[Path], task: str | None) -> None:
+    """--specialise splits the arithmetic task's parts: every peer must run that task."""
+    names = _task_names(templates, task)
     if names != {"arithmetic"}:
         raise UserFacingError(f"--specialise gives each peer one part of the arithmetic task, but these peers run "
                               f"{', '.join(sorted(names))}; drop --specialise or use arithmetic peers")
+
+
+def _tiny_presets(templates: list[Path]) -> bool:
+    import yaml
+
+    from swarm_node.models.presets import PRESETS
+
+    return all(((yaml.safe_load(t.read_text()) or {}).get("model") or {}).get("path", "tiny-s") in PRESETS
+               for t in templates)
+
+
+def resolve_defaults(args: argparse.Namespace, templates: list[Path]) -> None:
+    """The defaults that depend on the peers. Tiny arithmetic peers (the default's) specialise, with their
+    alone baseline, on 1200 problems: the setting docs/results/learning.md measured a gain over alone in. Other
+    peers (reasoning-gym, gsm8k, a real model's chat arithmetic, sized in its config) keep their own task
+    and arms; --specialise on a task other than arithmetic is one clear error."""
+    if args.specialise is None:
+        args.specialise = _task_names(templates, args.task) == {"arithmetic"} and _tiny_presets(templates)
+    elif args.specialise:
+        _check_specialise(templates, args.task)
+    if args.compare_alone is None:
+        args.compare_alone = args.specialise
+    if args.eval_n is None and args.specialise:
+        args.eval_n = SPECIALISED_EVAL_N
+    if args.rounds is None:
+        args.rounds = default_rounds(templates)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -211,10 +278,7 @@ def run(args: argparse.Namespace) -> int:
     from swarm_node.dashboard.server import stop
 
     templates = [_resolve_peer(s) for s in args.peers]
-    if getattr(args, "specialise", False):
-        _check_specialise(templates, args.task)
-    if args.rounds is None:
-        args.rounds = default_rounds(templates)
+    resolve_defaults(args, templates)
     out = writable_dir(args.out, "--out").resolve()
     if out.exists():
         for arm in ("swarm", "alone", "configs", "bootstrap"):
@@ -235,9 +299,9 @@ def _run_and_report(args: argparse.Namespace, templates: list[Path], out: Path, 
     _build_presets(templates)
     interrupted = False
     try:
-        _run_arm("swarm", args, templates, out)
-        if args.compare_alone:
+        if args.compare_alone:  # first, so that the swarm's live table shows its gain over alone as it goes
             _run_arm("alone", args, templates, out)
+        _run_arm("swarm", args, templates, out)
     except KeyboardInterrupt:  # Ctrl-C: the peers have stopped; report the rounds they did
         interrupted = True
     command = "swarm-node " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "swarm-node demo"

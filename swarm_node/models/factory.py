@@ -259,6 +259,15 @@ def _is_current(target: Path) -> bool:
     return (target / "config.json").is_file() and meta.get("factory_version") == FACTORY_VERSION
 
 
+def preset_is_built(name: str, presets_dir: str | Path | None = None) -> bool:
+    """Whether ensure_preset(name) would return at once (a current build is cached): a caller that builds
+    several presets in worker processes starts workers only for the missing ones."""
+    from swarm_node.models.packaged import is_current_packaged
+
+    target = (Path(presets_dir) if presets_dir else default_presets_dir()) / name
+    return is_current_packaged(name, target) if name in PACKAGED else _is_current(target)
+
+
 def ensure_preset(name: str, presets_dir: str | Path | None = None, seed: int = 0,
                   progress: Callable[[str], None] | None = None, warmup_steps: int | None = None) -> Path:
     """Return the directory of a built preset, building it once (safe when several processes race).

@@ -9,7 +9,6 @@ parts (metrics' eval_acc_parts: arithmetic's add / sub / signed, reasoning-gym's
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from swarm_node.dashboard.layout import NODE_ARM, metrics_files
 from swarm_node.node import reasons
 from swarm_node.node.metrics import read_metrics
 from swarm_node.node.progress import fmt
-from swarm_node.runs.stats import paired_se, verdict
+from swarm_node.runs.stats import gain_with_se
 
 SMOOTH_ROUNDS = summary.SMOOTH_ROUNDS
 rolling = summary.rolling  # the reward plot's trailing mean and band (the dashboard draws the same)
@@ -103,16 +102,8 @@ def gain_over_alone(report: dict) -> dict[str, dict]:
         a = alone.get(peer)
         if a is None or s["end_accuracy"] is None or a["end_accuracy"] is None:
             continue
-        diff = s["end_accuracy"] - a["end_accuracy"]
-        hs, ha = s.get("end_hits"), a.get("end_hits")
-        if hs and ha and len(hs) == len(ha):
-            se, paired = paired_se([c == "1" for c in hs], [c == "1" for c in ha]), True
-        elif s.get("end_n") and a.get("end_n"):
-            p, q = s["end_accuracy"], a["end_accuracy"]
-            se, paired = math.sqrt(p * (1 - p) / s["end_n"] + q * (1 - q) / a["end_n"]), False
-        else:
-            se, paired = float("nan"), False
-        out[peer] = {"gain": diff, "se": se, "paired": paired, "verdict": verdict(diff, se)}
+        out[peer] = gain_with_se(s["end_accuracy"], a["end_accuracy"], s.get("end_hits"), a.get("end_hits"),
+                                 s.get("end_n"), a.get("end_n"))
     return out
 
 
@@ -166,6 +157,7 @@ def markdown(report: dict) -> str:
         lines += [f"Interrupted (Ctrl-C) before the {report.get('rounds')} rounds asked for: each row covers the "
                   "rounds that peer did.", ""]
     gains = report.get("gain_over_alone") or {}
+    lines += gains_table(report)
     gain_col = " gain over alone |" if gains else ""
     lines += ["| peer | arm | rounds | eval acc start | eval acc end |" + gain_col + " best | reward 1st quarter "
               "| reward last quarter | external groups | filtered | rejected | sent | received |",
@@ -181,12 +173,6 @@ def markdown(report: dict) -> str:
                 f"{s['external_groups']} | {s['filtered']} | {rej} | {_bytes(s['bytes_out'])} | {_bytes(s['bytes_in'])} |"
             )
     lines += _parts_table(report)
-    if gains:
-        paired = all(g["paired"] for g in gains.values())
-        lines += ["", "`gain over alone` is the swarm's end accuracy minus the same peer's alone, +- its standard error "
-                  + ("paired per held-out problem" if paired else "(unpaired: the runs scored different problems)")
-                  + "; one run's SE counts the problems drawn, not the spread between seeds (docs/results.md has "
-                  "seeds)."]
     lines += ["", "Eval accuracy is greedy exact match on the held-out split; rewards are of each peer's own",
               "samples. `external groups` counts peers' groups trained on; `filtered` counts sequences the F-TIS",
               "filter dropped; `rejected` counts peers' batches or groups declined (reason in report.json).", "",
@@ -197,6 +183,32 @@ def markdown(report: dict) -> str:
     if any(s.get("end_accuracy_parts") for peers in report["arms"].values() for s in peers.values()):
         lines += ["![accuracy per part](accuracy_parts.png)", ""]
     return "\n".join(lines + rejections_table(report))
+
+
+def gains_table(report: dict) -> list[str]:
+    """Markdown lines: what the swarm gave each peer, the run's headline (none without an alone arm)."""
+    gains = report.get("gain_over_alone") or {}
+    if not gains:
+        return []
+    swarm, alone = report["arms"]["swarm"], report["arms"]["alone"]
+    ns = sorted({n for p in gains for n in (swarm[p].get("end_n"), alone[p].get("end_n")) if n})
+    problems = f"the {ns[0]} held-out problems" if len(ns) == 1 else "the held-out problems"
+    lines = ["## Gain over alone", "",
+             f"Each peer's accuracy on {problems} at the end of the swarm run minus the same peer trained alone "
+             "for the same rounds, +- its standard error "
+             + ("paired per problem" if all(g["paired"] for g in gains.values())
+                else "(unpaired: the runs scored different problems)")
+             + ". `higher` / `lower`: beyond 2 SE; `cannot tell`: gain +- 2 SE includes zero.", "",
+             "| peer | samples | alone: acc start -> end | swarm: acc start -> end | gain over alone | verdict |",
+             "|---|---|---|---|---|---|"]
+    for peer, g in gains.items():
+        s, a = swarm[peer], alone[peer]
+        mix = ", ".join(k for k, w in (s.get("task_mix") or {}).items() if w > 0) or "-"
+        lines.append(f"| {peer} | {mix} | {fmt(a['start_accuracy'])} -> {fmt(a['end_accuracy'])} | "
+                     f"{fmt(s['start_accuracy'])} -> {fmt(s['end_accuracy'])} | {g['gain']:+.3f} +- {g['se']:.3f} | "
+                     f"{g['verdict']} |")
+    return lines + ["", "One run: the SE counts the eval problems drawn, not the spread between seeds "
+                    "(`--seed S` runs another seed; docs/results/learning.md has the same setting over 5 seeds).", ""]
 
 
 def rejections_table(report: dict) -> list[str]:

@@ -29,6 +29,24 @@ def paired_se(a_hits: Sequence[bool], b_hits: Sequence[bool]) -> float:
     return float(d.std(ddof=1) / math.sqrt(d.size)) if d.size > 1 else float("nan")
 
 
+def gain_with_se(a_acc: float, b_acc: float, a_hits: Sequence | str | None = None, b_hits: Sequence | str | None = None,
+                 a_n: int | None = None, b_n: int | None = None) -> dict:
+    """One run's a - b (say the swarm's end accuracy minus alone's) with its SE and the 2-SE verdict.
+
+    Paired per problem when both were scored on the same problems (per-problem hits of equal length, as
+    metrics.jsonl's eval_hits: "0110..." or 0/1 values); otherwise the unpaired SE of two accuracies (larger),
+    from their problem counts; nan when neither is known. The SE counts the problems drawn, not seeds.
+    """
+    diff = a_acc - b_acc
+    if a_hits and b_hits and len(a_hits) == len(b_hits):
+        se, paired = paired_se([str(c) == "1" for c in a_hits], [str(c) == "1" for c in b_hits]), True
+    elif a_n and b_n:
+        se, paired = math.sqrt(a_acc * (1 - a_acc) / a_n + b_acc * (1 - b_acc) / b_n), False
+    else:
+        se, paired = float("nan"), False
+    return {"gain": diff, "se": se, "paired": paired, "verdict": verdict(diff, se)}
+
+
 def seeds_se(diffs: Sequence[float]) -> float:
     """Standard error of the mean of per-seed paired differences (seed-to-seed spread included)."""
     d = np.asarray(diffs, dtype=float)
