@@ -195,7 +195,7 @@ def section_vllm(model_dir: Path, res: dict, gates: dict, max_new: int) -> None:
 def section_node_round(model_dir: Path, res: dict, gates: dict, max_new: int) -> dict:
     import torch
 
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
 
     # random weights score 0 on every sample: train on zero-advantage groups too, so the step runs as a real one
     cfg = node_cfg(model_dir, f"generation.max_new_tokens={max_new}", "training.skip_zero_advantage_groups=false")

@@ -26,7 +26,7 @@ import torch
 
 from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from benchmarks.nodes import grpo_node, node_config
-from swarm_node.node.grpo_node import GRPONode
+from swarm_node.grpo.round import GRPONode
 from swarm_node.runs.stats import fmt_ms, mean_std
 from swarm_node.training.grpo_step import GRPOTrainer, PreparedBatch
 

@@ -22,7 +22,7 @@ import torch
 
 from swarm_node.config import NodeConfig
 from swarm_node.evaluation import score_prompts
-from swarm_node.node.grpo_node import GRPONode
+from swarm_node.grpo.round import GRPONode
 
 NEVER = 10**6  # a round period that never comes: benchmarks score when they choose, not every k rounds
 

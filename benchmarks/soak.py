@@ -102,7 +102,7 @@ class Attacker:
     def _replay(self, round_: int) -> bytes:
         """The same completions every time (so the replay window sees copies), under a new round number."""
         from swarm_node.generation.base import Sample
-        from swarm_node.node.rollouts import LocalRollouts, score
+        from swarm_node.grpo.rollouts import LocalRollouts, score
         from swarm_node.protocol import encode_batch
 
         def sample(text: str) -> Sample:

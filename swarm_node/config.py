@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from swarm_node.errors import ConfigError
 
 Variant = Literal["on_policy", "naive", "is", "tis", "filter", "ftis", "vis", "fvis"]  # training/ftis.py
-Graph = Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"]  # gossip/topology.py
+Graph = Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"]  # dpo/topology.py
 
 
 class _Section(BaseModel):

@@ -90,7 +90,7 @@ class Forge:
         import torch
 
         from swarm_node.config import NodeConfig
-        from swarm_node.node.grpo_node import GRPONode
+        from swarm_node.grpo.round import GRPONode
 
         torch.set_num_threads(1)
         cfg = NodeConfig.model_validate({
@@ -141,12 +141,12 @@ class Forge:
                             vocab_size=n.loaded.vocab_size, groups=groups)
 
     def long_batch(self, r: int):
-        """The most compute a batch within the receiver's limits can cost it (node/limits.py ROOM x its own
+        """The most compute a batch within the receiver's limits can cost it (grpo/limits.py ROOM x its own
         round in each dimension; the receiver is assumed to run tiny-s's settings, as ours): every group G x
         ROOM completions of max_new_tokens x ROOM tokens, half the right answer and half a wrong one, padded
         with spaces (which the reward strips), with the model's own log-probs. Every check passes; only the
         token budget (admission.max_tokens_per_peer) stops it."""
-        from swarm_node.node.limits import ROOM
+        from swarm_node.grpo.limits import ROOM
         from swarm_node.protocol import Completion, Group, RolloutBatch
         from swarm_node.training.groups import TrainGroup
 

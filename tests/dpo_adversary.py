@@ -197,10 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     from swarm_node.config import load_config
-    from swarm_node.gossip.exchange import plan_round
-    from swarm_node.gossip.payload import PayloadError, decode_params, encode_params
-    from swarm_node.gossip.vectors import get_params
-    from swarm_node.node.dpo_node import DPONode
+    from swarm_node.dpo.neighbours import plan_round
+    from swarm_node.dpo.round import DPONode
+    from swarm_node.dpo.vectors import get_params
+    from swarm_node.swarm.averaging.payload import PayloadError, decode_params, encode_params
 
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s adversary %(levelname)s %(message)s")

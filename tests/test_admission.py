@@ -1,4 +1,4 @@
-"""The admission stage (node/admission.py): a round's received batches -> groups to train on + rejections.
+"""The admission stage (grpo/admission.py): a round's received batches -> groups to train on + rejections.
 
 In-process, on the real codec, tokenizer and task. Our "model" here is the sampler itself (`recompute`
 returns the log-probs a batch claims unless told otherwise), so an honest batch passes both audits and a
@@ -15,12 +15,12 @@ import pytest
 
 from swarm_node.config import NodeConfig
 from swarm_node.generation.base import Sample
+from swarm_node.grpo.admission import Admission, check_payload, payload_check
+from swarm_node.grpo.rollouts import Expectations, LocalRollouts, score
+from swarm_node.grpo.round import receive_limits
 from swarm_node.models.factory import build_tokenizer
 from swarm_node.models.loading import tokenizer_fingerprint
 from swarm_node.node import reasons
-from swarm_node.node.admission import Admission, check_payload, payload_check
-from swarm_node.node.grpo_node import receive_limits
-from swarm_node.node.rollouts import Expectations, LocalRollouts, score
 from swarm_node.protocol import RolloutBatch, encode_batch
 from swarm_node.swarm import MemberRecord, Offer, PayloadRefused, Received
 from swarm_node.tasks.arithmetic import ArithmeticTask

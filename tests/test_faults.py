@@ -144,8 +144,8 @@ def test_disk_full_while_checkpointing_keeps_the_node_training(presets: Path, tm
     it (torch's own error does not say "disk full": the line adds the free space), keeps training, exits 1 with a clear line when its final checkpoint cannot be written either, never
     leaves a partial checkpoint, and the round-1 checkpoint still resumes."""
     from swarm_node.config import load_config
+    from swarm_node.grpo.round import GRPONode
     from swarm_node.node.checkpoint import list_checkpoints
-    from swarm_node.node.grpo_node import GRPONode
 
     state = tmp_path / "disk"
     if not mount_tmpfs(state, "6m"):
@@ -327,7 +327,7 @@ def test_sigkill_then_a_torn_checkpoint_resumes_from_the_newest_readable_and_los
 
 VICTIM = '''
 """A peer whose upload is slow (16 KiB chunks, 0.1 s apart): it announces one 240 kB batch to the swarm (under
-the ~250 kB an honest tiny-s node of 4 prompts downloads: node/limits.py) and writes the number of body chunks
+the ~250 kB an honest tiny-s node of 4 prompts downloads: grpo/limits.py) and writes the number of body chunks
 sent to `marker`, so the test can SIGKILL it mid-transfer."""
 import asyncio, os, sys, time
 from pathlib import Path

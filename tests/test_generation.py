@@ -407,8 +407,8 @@ def test_node_samples_evaluates_and_admits_with_the_chat_template(loaded, tmp_pa
     """A node whose tokenizer has a chat template samples from templated prompts, and admits a peer's group
     only if its prompt ids were made the same way."""
     from swarm_node.config import NodeConfig
-    from swarm_node.node.grpo_node import GRPONode
-    from swarm_node.node.rollouts import peer_groups
+    from swarm_node.grpo.rollouts import peer_groups
+    from swarm_node.grpo.round import GRPONode
 
     tok = copy.deepcopy(loaded.tokenizer)
     tok.chat_template = TEMPLATE

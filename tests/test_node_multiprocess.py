@@ -107,7 +107,7 @@ LIAR = textwrap.dedent('''
     from swarm_node.config import SwarmConfig
     from swarm_node.generation.base import Sample
     from swarm_node.models.loading import tokenizer_fingerprint
-    from swarm_node.node.rollouts import LocalRollouts, score
+    from swarm_node.grpo.rollouts import LocalRollouts, score
     from swarm_node.protocol import encode_batch
     from swarm_node.swarm import PeerInfo, SwarmNode
     from swarm_node.tasks.arithmetic import ArithmeticTask
@@ -460,8 +460,8 @@ def test_stop_and_resume_from_state_dir(presets, tmp_path):
     import torch
 
     from swarm_node.config import load_config
+    from swarm_node.grpo.round import GRPONode
     from swarm_node.node.checkpoint import latest_checkpoint, load_weights
-    from swarm_node.node.grpo_node import GRPONode
 
     ov = {"rounds": 50, "task.prompts_per_round": 4, "task.eval_n": 20, "metrics.eval_every": 1000,
           "checkpoint.every_rounds": 1000, "swarm.enabled": False, "training.lr": 3e-3}

@@ -24,7 +24,7 @@ def _node_cfg(dtype: str, lr: float) -> NodeConfig:
 
 
 def _moved(dtype: str, tmp_path, rounds: int = 3, lr: float = 1e-6) -> tuple[float, torch.Tensor]:
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
 
     torch.manual_seed(0)
     node = GRPONode(_node_cfg(dtype, lr), tmp_path / dtype)

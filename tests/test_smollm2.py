@@ -116,7 +116,7 @@ def test_lora_on_qkvo_learns_and_exports_with_equal_logits(smollm2_dir: Path, tm
     """LoRA on q/k/v/o of every layer: one F-TIS step on a rewarded completion raises its log-prob and
     touches only the adapter; the node's checkpoint exports (merged) and reloads with the same logits."""
     from swarm_node.cli import main
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
 
     cfg = NodeConfig.model_validate({
         "seed": 0, "model": {"path": str(smollm2_dir), "lora": {"enabled": True, "r": 4, "alpha": 8,
@@ -161,7 +161,7 @@ def test_lora_on_qkvo_learns_and_exports_with_equal_logits(smollm2_dir: Path, tm
 def test_wire_round_trip_and_bytes_per_token_on_a_real_round(smollm2_dir: Path, tmp_path: Path):
     """A real round of SmolLM2 samples (49k vocabulary, chat prompts) through the wire codec: decoded exactly,
     within the node's own receive limits, at a few bytes per completion token (measured, printed)."""
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
     from swarm_node.protocol import decode_batch, encode_batch
 
     cfg = NodeConfig.model_validate({

@@ -16,9 +16,9 @@ from swarm_node.config import TaskConfig, TrainingConfig
 from swarm_node.errors import UserFacingError
 from swarm_node.evaluation import accuracy_by_part
 from swarm_node.generation.base import Sample
+from swarm_node.grpo.rollouts import Expectations, LocalRollouts, peer_groups, score
 from swarm_node.models.factory import build_tokenizer
 from swarm_node.models.loading import tokenizer_fingerprint
-from swarm_node.node.rollouts import Expectations, LocalRollouts, peer_groups, score
 from swarm_node.protocol import decode_batch, encode_batch
 from swarm_node.tasks import get_task
 from swarm_node.tasks.arithmetic import _ID_RE, ArithmeticTask, _is_held_out

@@ -63,7 +63,7 @@ class SwarmNode:
     peer that takes no batches (DPO: its announcements of batches are declined before any download).
     `accept` picks the peers we push to and download from (by their mode, task, tokenizer...); None:
     our own mode. `batch_cap`: the largest rollout batch we download (a GRPO node: the largest payload a
-    batch within its receive limits can be, node/limits.py); None: `swarm.max_batch_bytes`, which also
+    batch within its receive limits can be, grpo/limits.py); None: `swarm.max_batch_bytes`, which also
     bounds DPO's parameter payloads. `rank(peer_id)`: 0 for a peer we trust (a GRPO node: an identity its
     newcomer gate has established), higher for strangers (receiver.Rank). It orders the waits for download
     slots (strangers share at most half of them) and picks whom we push to (trusted peers first, one place

@@ -1,6 +1,6 @@
 """SwarmNodes that exchange parameters as DPO nodes do, and SIGKILLs of one node's DHT child (test tooling).
 
-Each node runs rounds in a thread, as node/dpo_node.py does: publish `payload` bytes of "parameters" for
+Each node runs rounds in a thread, as dpo/round.py does: publish `payload` bytes of "parameters" for
 round r, read the live DPO peers (`live_peers`), fetch the same round from both of its neighbours on the
 ring over the sorted live ids (in parallel, DEADLINE_S each), then `step_s` of local steps. The swarm
 settings are the DPO demo's (peers/dpo-ring-*.yaml: heartbeat 2 s, record TTL 20 s, 20 s fetch deadline).

@@ -9,9 +9,9 @@ docs/security.md):
    the limits and is the validator a GRPO node builds its `SwarmNode` with (swarm/receiver.py
    `Validator`: it refuses by raising `PayloadRefused`). Refusals: `protocol:*`, `round_mismatch`.
 2. **On the round loop**, `Admission.admit(batches, round_)`, for the batches this round took. Per batch, in
-   this order: the newcomer gate (Sybils), conversion to training groups (node/rollouts.py
+   this order: the newcomer gate (Sybils), conversion to training groups (grpo/rollouts.py
    `peer_groups`: swarm, task, tokenizer and vocab match, prompts rebuilt, rewards recomputed), the
-   replay window, the per-identity share cap, the log-prob audit and the skew audit (node/defences.py). A
+   replay window, the per-identity share cap, the log-prob audit and the skew audit (grpo/defences.py). A
    batch that passed all of them counts towards its sender becoming established.
 
 Every rejection is counted by a reason of node/reasons.py.
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from swarm_node.config import NodeConfig
-from swarm_node.node.defences import (
+from swarm_node.grpo.defences import (
     LogprobAudit,
     NewcomerGate,
     ReplayWindow,
@@ -35,8 +35,8 @@ from swarm_node.node.defences import (
     cap_share,
     cap_tokens,
 )
+from swarm_node.grpo.rollouts import Expectations, peer_groups
 from swarm_node.node.reasons import Rejections
-from swarm_node.node.rollouts import Expectations, peer_groups
 from swarm_node.protocol import DecodeLimits, ProtocolError, RolloutBatch, decode_batch
 from swarm_node.swarm import Offer, PayloadRefused, Validator
 from swarm_node.swarm.ratelimit import RateLimitedLog

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from swarm_node.config import DPOConfig
-from swarm_node.gossip import topology
+from swarm_node.dpo import topology
 
 log = logging.getLogger("swarm_node.dpo")
 

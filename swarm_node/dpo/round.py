@@ -2,8 +2,8 @@
 
 `DPONode` holds one node's state between rounds; its lifecycle (resume from the newest readable
 checkpoint, join, rounds, checkpoints, stop, leave) is the loop both modes share (node/loop.py), started
-by `run_dpo_node`. Who averages with whom is decided in `swarm_node/gossip/exchange.py`, the averaging
-math is `gossip/mixing.py`.
+by `run_dpo_node`. Who averages with whom is decided in `swarm_node/dpo/neighbours.py`, the averaging
+math is `dpo/mixing.py`.
 
 Rounds are numbered from 0 (round 0 already trains; gossip rounds are matched by number). A checkpoint of
 round r holds the parameters after round r's average, the optimizer and the batch sampler's RNG, so a
@@ -22,19 +22,19 @@ from pathlib import Path
 import torch
 
 from swarm_node.config import NodeConfig
-from swarm_node.gossip import mixing, topology
-from swarm_node.gossip.allreduce import AllReduce
-from swarm_node.gossip.bypass import STALL_HOLD, Bypass
-from swarm_node.gossip.exchange import GossipExchange, RoundPlan, plan_round
-from swarm_node.gossip.payload import encode_params
-from swarm_node.gossip.robust import RobustAverager
-from swarm_node.gossip.vectors import arch_fingerprint, get_params, params_digest, params_probe, set_params
+from swarm_node.dpo import mixing, topology
+from swarm_node.dpo.bypass import STALL_HOLD, Bypass
+from swarm_node.dpo.neighbours import GossipExchange, RoundPlan, plan_round
+from swarm_node.dpo.robust import RobustAverager
+from swarm_node.dpo.vectors import arch_fingerprint, get_params, params_digest, params_probe, set_params
 from swarm_node.node.loop import RoundNode, run_node
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress, dpo_round_line
 from swarm_node.node.reasons import Rejections
 from swarm_node.node.rows import DPORow
 from swarm_node.node.stopping import StopFlag
+from swarm_node.swarm.averaging.allreduce import AllReduce
+from swarm_node.swarm.averaging.payload import encode_params
 from swarm_node.tasks.preferences import node_preferences
 from swarm_node.training.dpo import DPOTrainer, HeldOut
 from swarm_node.training.lr_schedule import lr_factor
@@ -177,7 +177,7 @@ class DPONode(RoundNode):
         limit = self.cfg.swarm.max_batch_bytes
         allreduce_bytes = 0
         if self.allreduce is not None:
-            res = self.allreduce.average(own, plan.participants, me)
+            res = mixing.allreduce_result(self.allreduce, own, plan.participants, me)
             k = len(res.present) + 1  # butterfly all-reduce: each node sends and receives 2 (k-1)/k payloads
             allreduce_bytes = int(2 * (k - 1) / k * len(payload)) if res.present else 0
         elif d.averaging == "federated":

@@ -21,15 +21,15 @@ from swarm_node.config import NodeConfig
 from swarm_node.evaluation import eval_metrics, evaluate
 from swarm_node.generation import make_generator
 from swarm_node.generation.prompts import PromptEncoder, chat_template_setting
+from swarm_node.grpo.admission import Admission, payload_check
+from swarm_node.grpo.limits import receive_limits
+from swarm_node.grpo.pipeline import PipelinedSampler
+from swarm_node.grpo.rollouts import Expectations, LocalRollouts, score
 from swarm_node.models.loading import LoadedModel, decoder_layers, load_model
-from swarm_node.node.admission import Admission, payload_check
 from swarm_node.node.checkpoint import model_record
-from swarm_node.node.limits import receive_limits
 from swarm_node.node.loop import RoundNode, run_node
 from swarm_node.node.metrics import MetricsWriter
-from swarm_node.node.pipeline import PipelinedSampler
 from swarm_node.node.reasons import Rejections, from_swarm
-from swarm_node.node.rollouts import Expectations, LocalRollouts, score
 from swarm_node.node.rows import GRPORow, SwarmCosts
 from swarm_node.node.stopping import StopFlag
 from swarm_node.node.timing import RoundClock

@@ -4,7 +4,7 @@ Each class answers one threat from the table "What a peer can do, and what stops
 `ReplayWindow` (replays of completions, under another identity or back to us), `LogprobAudit` (fabricated
 behaviour log-probs that buy the F-TIS cap's full weight), `SkewAudit` (the same, only on the
 completions our rewards favour), `cap_share` (one identity taking a large share of a round) and
-`NewcomerGate` (Sybil identities filling the round's K slots). node/admission.py drives them in order;
+`NewcomerGate` (Sybil identities filling the round's K slots). grpo/admission.py drives them in order;
 each is usable alone (tests/test_hostile_rollouts.py, benchmarks/sybil_newcomers.py).
 """
 
