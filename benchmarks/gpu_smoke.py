@@ -93,9 +93,9 @@ def round_prompts(cfg, loaded):
 
 def trainer_for(cfg, loaded):
     from swarm_node.models.loading import decoder_layers
-    from swarm_node.training.grpo_step import GRPOTrainer
+    from swarm_node.training.ftis_step import FTISTrainer
 
-    return GRPOTrainer(loaded.model, cfg.training, loaded.tokenizer.pad_token_id, lr_default=loaded.default_lr(),
+    return FTISTrainer(loaded.model, cfg.training, loaded.tokenizer.pad_token_id, lr_default=loaded.default_lr(),
                        temperature=cfg.generation.temperature, compute_dtype=loaded.dtype,
                        checkpoint_layers=decoder_layers(loaded.model) if cfg.training.gradient_checkpointing else ())
 

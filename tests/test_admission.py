@@ -224,7 +224,7 @@ def test_whom_we_download_from(tok):
 
 
 def test_the_download_rank_puts_established_peers_first(tok):
-    """The rank a GRPO node gives the swarm for its download slots (SwarmNode(rank=...)): a stranger is 1
+    """The rank a GRPO node gives the swarm for its download slots (SwarmPeer(rank=...)): a stranger is 1
     until its batches passed every check in established_after rounds, then 0; a peer that only announced
     (its download never delivered) stays 1."""
     adm = _admission(tok, task)

@@ -119,7 +119,7 @@ def tok():
 def _rounds_of_a_dpo_node(tok, tmp_path, peers: list[str], serve, rounds: int, *sets: str) -> list[dict]:
     """`rounds` rounds of a real DPONode (a tiny Llama, `sets` on top of the DPO defaults) among `peers`
     (FakeDPOSwarm; our id is "me"), whose payload fetches `serve(peer, round, our_payload)` answers."""
-    from swarm_node.dpo.neighbours import GossipExchange
+    from swarm_node.dpo.neighbours import Neighbourhood
     from swarm_node.dpo.round import DPONode
     from swarm_node.models.factory import Preset, build_model
 
@@ -133,7 +133,7 @@ def _rounds_of_a_dpo_node(tok, tmp_path, peers: list[str], serve, rounds: int, *
     try:
         payload = A.encode_params(A.get_params(node.model), node.arch_fp, cfg.dpo.compression)
         swarm = FakeDPOSwarm(node.arch_fp, peers, lambda peer, r: serve(peer, r, payload))
-        node.exchange = GossipExchange(cfg.dpo, swarm, node.arch_fp)
+        node.neighbourhood = Neighbourhood(cfg.dpo, swarm, node.arch_fp)
         return [node.run_round(evaluate=lambda: False) for _ in range(rounds)]
     finally:
         node.metrics.close()

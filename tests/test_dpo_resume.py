@@ -128,14 +128,14 @@ def test_a_rows_refused_parameters_are_that_rounds_own(model_dir: Path, tmp_path
     """A neighbour whose parameter payload is junk in rounds 0 and 1 and good in round 2: each row counts only
     its round's refusals, under the registry's `params:` family (they were running totals, unprefixed)."""
     node = DPONode(_cfg(model_dir, 3, "dpo.averaging=gossip", "dpo.topology=ring"), tmp_path / "s")
-    me = node.exchange.self_id
+    me = node.neighbourhood.self_id
     from swarm_node.dpo.vectors import get_params
     from swarm_node.swarm.averaging.payload import encode_params
 
     good = encode_params(get_params(node.model), node.arch_fp, node.cfg.dpo.compression)
     sent = {0: b"\xff" * 256, 1: b"\x00" * 3, 2: good}
-    monkeypatch.setattr(node.exchange, "peers", lambda: sorted([me, "neighbour"]))
-    monkeypatch.setattr(node.exchange, "fetch_all", lambda to_fetch, r: {p: sent[r] for p in to_fetch})
+    monkeypatch.setattr(node.neighbourhood, "peers", lambda: sorted([me, "neighbour"]))
+    monkeypatch.setattr(node.neighbourhood, "fetch_all", lambda to_fetch, r: {p: sent[r] for p in to_fetch})
     rows = [node.run_round(evaluate=lambda: False) for _ in range(3)]
     assert [r["rejected"] for r in rows] == [{"params:bad_header": 1}, {"params:truncated": 1}, {}]
     assert [r["missing_neighbours"] for r in rows] == [["neighbour"], ["neighbour"], []]

@@ -422,7 +422,7 @@ def test_a_swarm_learns_beside_a_scaling_neighbour_only_with_robust_averaging(to
 def test_the_dpo_node_averages_through_the_robust_rule(tok, tmp_path, aggregation: str) -> None:
     """DPONode.run_round with its one neighbour sending our parameters x 1e3: the default rule refuses it
     from round 0 (counted in the row; the node's own first update gives the scale), plain averaging takes it."""
-    from swarm_node.dpo.neighbours import GossipExchange
+    from swarm_node.dpo.neighbours import Neighbourhood
     from swarm_node.dpo.round import DPONode
     from swarm_node.models.factory import Preset, build_model
 
@@ -437,7 +437,7 @@ def test_the_dpo_node_averages_through_the_robust_rule(tok, tmp_path, aggregatio
         bad = [t * 1e3 for t in A.get_params(node.model)]
         payloads = {r: A.encode_params([t + 0.01 * r for t in bad], node.arch_fp, "float16") for r in range(2)}
         swarm = FakeDPOSwarm(node.arch_fp, ["them"], lambda peer, r: payloads.get(r))
-        node.exchange = GossipExchange(cfg.dpo, swarm, node.arch_fp)
+        node.neighbourhood = Neighbourhood(cfg.dpo, swarm, node.arch_fp)
         rows = [node.run_round(evaluate=lambda: False) for _ in range(2)]
     finally:
         node.metrics.close()

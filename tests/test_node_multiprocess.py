@@ -109,7 +109,7 @@ LIAR = textwrap.dedent('''
     from swarm_node.models.loading import tokenizer_fingerprint
     from swarm_node.grpo.rollouts import LocalRollouts, score
     from swarm_node.protocol import encode_batch
-    from swarm_node.swarm import PeerInfo, SwarmNode
+    from swarm_node.swarm import PeerInfo, SwarmPeer
     from swarm_node.tasks.arithmetic import ArithmeticTask
 
     model_dir, maddr, swarm_id, out, role = sys.argv[1:6]  # "liar", "stale" (honest, but old), "foreign"
@@ -136,7 +136,7 @@ LIAR = textwrap.dedent('''
 
     cfg = SwarmConfig(enabled=True, swarm_id=swarm_id, initial_peers=[maddr],
                       host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, record_ttl_s=8.0)
-    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name=role, tokenizer_fp=fp, task_id=universe),
+    node = SwarmPeer(cfg, PeerInfo(mode="grpo", model_name=role, tokenizer_fp=fp, task_id=universe),
                      validate=None).start()  # publishes only
     open(out, "w").write(node.peer_id + "\\n")
     published = 0

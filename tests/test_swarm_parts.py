@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw, reasons
+from swarm_node.swarm import PeerInfo, SwarmPeer, keep_raw, reasons
 from swarm_node.swarm.announce import BatchAnnouncement
 from swarm_node.swarm.counters import SwarmCounters
 
@@ -32,7 +32,7 @@ def _peer_lines(caplog) -> list[logging.LogRecord]:
 def test_a_thousand_refused_announcements_write_a_bounded_number_of_lines(caplog) -> None:
     """Refused pushed announcements are counted one by one, but logged through the rate limiter: a peer
     (or a thousand fresh identities) cannot write a WARNING per message it sends."""
-    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # never started: no network
+    node = SwarmPeer(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # never started: no network
     on_announcement = node.receiver.on_announcement
     with caplog.at_level(logging.WARNING, logger="swarm_node.swarm"):
         for i in range(1000):  # one peer, rounds far in the future
@@ -93,9 +93,9 @@ def test_a_node_alone_in_its_member_reads_pings_the_peers_it_knows(monkeypatch) 
     """After ALONE_READS member reads that list no peer but us (an outage emptied the DHT routing table),
     the heartbeat pings the known peers, then at most every REJOIN_EVERY_S while still alone; one read that
     lists a peer stops it. (The real outage: tests/test_net_scenarios.py, the link cut.)"""
-    from swarm_node.swarm import node as swarm_node_module
+    from swarm_node.swarm import peer as swarm_peer_module
 
-    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # never started: no network
+    node = SwarmPeer(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # never started: no network
     node.dht.peer_id = "me"
     pings: list[float] = []
     monkeypatch.setattr(node.dht, "rejoin", lambda: pings.append(0) or 2)
@@ -103,9 +103,9 @@ def test_a_node_alone_in_its_member_reads_pings_the_peers_it_knows(monkeypatch) 
     monkeypatch.setattr(node.membership, "read_members", lambda **kw: dict(listed))
     monkeypatch.setattr(node.view, "update", lambda *a, **kw: set())
     monkeypatch.setattr(node.view, "greet", lambda n: None)
-    every = swarm_node_module.REJOIN_EVERY_S
+    every = swarm_peer_module.REJOIN_EVERY_S
     t = 1000.0
-    for _ in range(swarm_node_module.ALONE_READS - 1):
+    for _ in range(swarm_peer_module.ALONE_READS - 1):
         node._refresh_view()
         node._rejoin_if_alone(t)
     assert pings == []  # not yet: a peer may simply not have stored its record
@@ -150,7 +150,7 @@ def test_serving_a_blob_hashes_nothing_on_the_event_loop(monkeypatch) -> None:
     from swarm_node.swarm import transfer
     from swarm_node.swarm.blobs import describe
 
-    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # not started: its parts only
+    node = SwarmPeer(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # not started: its parts only
     payload = b"p" * (3 << 20)
     node.blobs.put("batch", describe(7, payload), payload)
     hashed = []
@@ -214,7 +214,7 @@ def test_a_batch_offer_over_the_batch_cap_is_refused_before_any_download() -> No
 
     from swarm_node.swarm.records import BlobEntry
 
-    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw, batch_cap=10_000)
+    node = SwarmPeer(SwarmConfig(enabled=True), INFO, validate=keep_raw, batch_cap=10_000)
     spawned = []
     node.loop.spawn = spawned.append
     node.receiver.on_announcement("peer", _announcement(1, size=10_001, model_name="m"), "", 400)
@@ -315,7 +315,7 @@ def test_a_member_read_while_the_dht_is_down_answers_with_the_last_one(monkeypat
     pid = records.peer_id_of_subkey(subkey)
     rec = dict(peer_id=pid, mode="dpo", model_name="m", tokenizer_fp="tok", task_id="t", round=3,
                updated=time.time(), arch_fp="", client_mode=False)
-    node = SwarmNode(SwarmConfig(enabled=True, record_ttl_s=20.0), INFO, validate=keep_raw)  # never started
+    node = SwarmPeer(SwarmConfig(enabled=True, record_ttl_s=20.0), INFO, validate=keep_raw)  # never started
     node.dht.peer_id = "me"
     dht = {"value": {subkey: types.SimpleNamespace(value=rec)}, "down": False}
 

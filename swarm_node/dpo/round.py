@@ -24,7 +24,7 @@ import torch
 from swarm_node.config import NodeConfig
 from swarm_node.dpo import mixing, topology
 from swarm_node.dpo.bypass import STALL_HOLD, Bypass
-from swarm_node.dpo.neighbours import GossipExchange, RoundPlan, plan_round
+from swarm_node.dpo.neighbours import Neighbourhood, RoundPlan, plan_round
 from swarm_node.dpo.robust import RobustAverager
 from swarm_node.dpo.vectors import arch_fingerprint, get_params, params_digest, params_probe, set_params
 from swarm_node.node.loop import RoundNode, run_node
@@ -78,7 +78,7 @@ class DPONode(RoundNode):
         self.arch_fp = arch_fingerprint(self.model)
         self.shapes = [p.shape for _, p in trainable_named(self.model)]
         self.metrics = MetricsWriter.from_config(self.state_dir, cfg, node_name=self.loaded.name)
-        self.exchange = GossipExchange(d, None, self.arch_fp)
+        self.neighbourhood = Neighbourhood(d, None, self.arch_fp)
         self.allreduce: AllReduce | None = None
         self.rejects = mixing.RejectCounter()  # running totals; rows carry each round's change
         self._rejects_before: Counter = Counter()
@@ -104,18 +104,18 @@ class DPONode(RoundNode):
         if not self.cfg.swarm.enabled or self.cfg.dpo.averaging == "none":
             return
         self.join_swarm()
-        self.exchange.wait_for_peers(lambda: bool(stop))
+        self.neighbourhood.wait_for_peers(lambda: bool(stop))
         if self.cfg.dpo.averaging == "gossip":
             self.catch_up()
 
     def join_swarm(self) -> None:
-        from swarm_node.swarm import PeerInfo, SwarmNode
+        from swarm_node.swarm import PeerInfo, SwarmPeer
 
         info = PeerInfo(mode="dpo", model_name=self.loaded.name, tokenizer_fp=self.loaded.tokenizer_fp,
                         task_id=self.data.task_id, arch_fp=self.arch_fp)
         # DPO takes no rollout batches: parameters come by fetch
-        swarm = SwarmNode(self.cfg.swarm, info, validate=None, logger=logging.getLogger("swarm_node.swarm")).start()
-        self.exchange = GossipExchange(self.cfg.dpo, swarm, self.arch_fp)
+        swarm = SwarmPeer(self.cfg.swarm, info, validate=None, logger=logging.getLogger("swarm_node.swarm")).start()
+        self.neighbourhood = Neighbourhood(self.cfg.dpo, swarm, self.arch_fp)
         swarm.set_round(self.last_round + 1)
         self.last_stats = swarm.stats()
         d = self.cfg.dpo
@@ -129,20 +129,20 @@ class DPONode(RoundNode):
         round 30 would fetch round-12 parameters nobody serves any more, and its neighbours would miss it
         in every round. Skipped rounds leave no metrics rows.
         """
-        ahead = max(self.exchange.peer_rounds().values(), default=-1)
+        ahead = max(self.neighbourhood.peer_rounds().values(), default=-1)
         if ahead > self.last_round + 1:
             log.info("neighbours are at round %d: catching up from round %d", ahead, self.last_round + 1)
             self.last_round = ahead - 1
 
     def leave(self) -> None:
-        self.exchange.linger(self.last_round + 1, self.neighbours)
+        self.neighbourhood.linger(self.last_round + 1, self.neighbours)
 
     def close(self) -> None:
         self.metrics.close()
         if self.allreduce is not None:
             self.allreduce.close()
             self.allreduce = None
-        self.exchange.close()
+        self.neighbourhood.close()
 
     # ---- one round ---------------------------------------------------------------------------------
 
@@ -151,7 +151,7 @@ class DPONode(RoundNode):
 
         `evaluate` is asked after averaging, so a round interrupted by a signal is still evaluated.
         """
-        d, swarm, r, t0 = self.cfg.dpo, self.exchange.swarm, self.last_round + 1, time.time()
+        d, swarm, r, t0 = self.cfg.dpo, self.neighbourhood.swarm, self.last_round + 1, time.time()
         if swarm:
             swarm.set_round(r)
         t = self.cfg.training  # the shared lr schedule: training.lr_schedule / warmup_rounds, over DPO rounds
@@ -163,8 +163,8 @@ class DPONode(RoundNode):
         step = self.trainer.local_steps(d.local_steps)
         own = get_params(self.model)
         payload = encode_params(own, self.arch_fp, d.compression)
-        ids = self.exchange.peers()
-        me = self.exchange.self_id
+        ids = self.neighbourhood.peers()
+        me = self.neighbourhood.self_id
         plan = plan_round(d, ids, me, r)
         around = sorted(self.bypass.routed_around() & set(ids)) if d.averaging == "gossip" else []
         if around:
@@ -173,7 +173,7 @@ class DPONode(RoundNode):
         to_fetch = [] if self.allreduce is not None else plan.to_fetch
         if swarm and self.allreduce is None:
             swarm.publish("params", r, payload)
-        received = self.exchange.fetch_all(to_fetch, r)
+        received = self.neighbourhood.fetch_all(to_fetch, r)
         limit = self.cfg.swarm.max_batch_bytes
         allreduce_bytes = 0
         if self.allreduce is not None:

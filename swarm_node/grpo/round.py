@@ -38,8 +38,8 @@ from swarm_node.planning.memory import engine_sleeps
 from swarm_node.protocol import encode_batch
 from swarm_node.tasks import get_task
 from swarm_node.tasks.base import Task
+from swarm_node.training.ftis_step import FTISTrainer
 from swarm_node.training.groups import TrainGroup
-from swarm_node.training.grpo_step import GRPOTrainer
 from swarm_node.training.lr_schedule import lr_factor
 from swarm_node.training.optim import set_lr
 
@@ -47,7 +47,7 @@ log = logging.getLogger("swarm_node.node")
 
 
 @dataclass
-class Exchange:
+class ExchangeResult:
     """What one round's exchange brought in (groups to train on) and what it cost."""
 
     groups: list[TrainGroup] = field(default_factory=list)
@@ -80,7 +80,7 @@ class GRPONode(RoundNode):
         self.task: Task = get_task(cfg.task)
         self.generator = make_generator(self.loaded, cfg.generation, sleep=engine_sleeps(cfg),
                                         engine_share=self.plan.engine_share() if self.plan and self.plan.engine else None)
-        self.trainer = GRPOTrainer(self.loaded.model, cfg.training, self.tok.pad_token_id,
+        self.trainer = FTISTrainer(self.loaded.model, cfg.training, self.tok.pad_token_id,
                                    lr_default=self.loaded.default_lr(), temperature=cfg.generation.temperature,
                                    checkpoint_layers=decoder_layers(self.loaded.model)
                                    if cfg.training.gradient_checkpointing else (),
@@ -129,12 +129,12 @@ class GRPONode(RoundNode):
                      sw.join_wait_s)
 
     def join_swarm(self) -> None:
-        from swarm_node.swarm import PeerInfo, SwarmNode
+        from swarm_node.swarm import PeerInfo, SwarmPeer
 
         info = PeerInfo(mode="grpo", model_name=self.loaded.name, tokenizer_fp=self.loaded.tokenizer_fp,
                         task_id=self.task.task_id)
         # decode + wire checks on the swarm's decode thread; pushes and downloads only from usable peers
-        self.swarm = SwarmNode(self.cfg.swarm, info, validate=payload_check(self.limits),
+        self.swarm = SwarmPeer(self.cfg.swarm, info, validate=payload_check(self.limits),
                                accept=self.admission.accepts_peer, batch_cap=self.limits.max_compressed_bytes,
                                rank=self.admission.download_rank,
                                logger=logging.getLogger("swarm_node.swarm"))
@@ -221,7 +221,7 @@ class GRPONode(RoundNode):
         return local, version, generated, gen_s
 
     def exchange(self, local: LocalRollouts, round_: int, *, version: int | None = None,
-                 generated: float | None = None) -> Exchange:
+                 generated: float | None = None) -> ExchangeResult:
         """Publish our batch, receive what peers sent, admit what of it we train on.
 
         Async exchange (default): takes what has arrived since the last round, without waiting; nothing
@@ -230,9 +230,9 @@ class GRPONode(RoundNode):
         """
         if self.swarm is None:
             if self.external_source is None:
-                return Exchange()
+                return ExchangeResult()
             groups = self.external_source(round_)
-            return Exchange(groups=groups, groups_by_peer={"in-process": len(groups)})
+            return ExchangeResult(groups=groups, groups_by_peer={"in-process": len(groups)})
         sw = self.cfg.swarm
         # publish
         batch = local.to_batch(swarm_id=sw.swarm_id, task_id=self.task.task_id,
@@ -255,7 +255,7 @@ class GRPONode(RoundNode):
         admitted = self.admission.admit(intake.batches, round_)
         rejected = from_swarm(intake.rejected, intake.payload_refused)  # swarm:*, and the decode thread's protocol:*, round_mismatch
         rejected.update(admitted.rejected)
-        return Exchange(
+        return ExchangeResult(
             groups=admitted.groups, rejected=rejected, groups_by_peer=admitted.groups_by_peer,
             rewards_overridden=admitted.rewards_overridden, collect_s=intake.waited_s,
             bytes_out=len(payload), bytes_in=intake.payload_bytes_in,

@@ -1,6 +1,6 @@
 """Every reason the swarm layer counts, in one registry (peers choose none of these names).
 
-A refusal of what a peer sent or did is counted under one of `REJECTED` (`SwarmNode.stats()["rejected"]`;
+A refusal of what a peer sent or did is counted under one of `REJECTED` (`SwarmPeer.stats()["rejected"]`;
 a node's metrics show it as `swarm:<reason>`, docs/protocol.md lists what each means). What the node's
 own validator refuses is counted under the validator's reasons (`payload_refused`), except a validator
 that raises something else, which is the swarm's `VALIDATE_ERROR`. `EVENTS` are buffer events that are

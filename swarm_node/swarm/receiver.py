@@ -273,7 +273,7 @@ class BatchReceiver:
     def take(self, k: int, accept: Accept | None = None, *, lockstep: bool = False, round_: int = 0,
              staleness: int = 0, deadline_s: float = 0.0, choose: Callable[[list, int], list[int]] | None = None,
              closed: Callable[[], bool] = lambda: False) -> list[Received]:
-        """Up to k buffered batches of distinct peers (see SwarmNode.receive)."""
+        """Up to k buffered batches of distinct peers (see SwarmPeer.receive)."""
         def ok(offer: Offer) -> bool:
             return accepts(accept, offer.info["member"])
 

@@ -1,4 +1,4 @@
-"""SwarmNode: one peer of a swarm, wired from its parts (the only class the node side uses).
+"""SwarmPeer: one peer of a swarm, wired from its parts (the only class the node side uses).
 
 Rollout batches move asynchronously (docs/architecture.md, "The exchange"): `publish` pushes a small
 announcement to F random neighbours; a receiver downloads announced batches in the background, validates
@@ -50,7 +50,7 @@ ALONE_READS = 3  # member reads that list no other peer before we ping the peers
 REJOIN_EVERY_S = 5.0  # and again this often while they still list no one
 
 
-class SwarmNode:
+class SwarmPeer:
     """One peer of a swarm; see docs/operations.md for keys, TTLs and limits.
 
     Owns: its parts (above), the heartbeat thread, and the order things start and stop in.
@@ -111,10 +111,10 @@ class SwarmNode:
 
     # ---- lifecycle ----
 
-    def start(self) -> SwarmNode:
+    def start(self) -> SwarmPeer:
         """Join (retrying; UserFacingError if unreachable), serve blobs, start heartbeats. Once per node."""
         if self._started or self._closed:
-            raise RuntimeError("SwarmNode.start() called twice (a node starts once; `with node:` starts it)")
+            raise RuntimeError("SwarmPeer.start() called twice (a node starts once; `with node:` starts it)")
         self._started = True
         for line in config_warnings(self.cfg):
             self.log.warning("%s", line)
@@ -148,7 +148,7 @@ class SwarmNode:
         self.loop.stop()
         self.receiver.close()
 
-    def __enter__(self) -> SwarmNode:
+    def __enter__(self) -> SwarmPeer:
         return self if self._started else self.start()
 
     def __exit__(self, *exc) -> None:
