@@ -37,8 +37,6 @@ from swarm_node.swarm.averaging.allreduce import AllReduce
 from swarm_node.swarm.averaging.payload import encode_params
 from swarm_node.tasks.preferences import node_preferences
 from swarm_node.training.dpo import DPOTrainer, HeldOut
-from swarm_node.training.lr_schedule import lr_factor
-from swarm_node.training.optim import set_lr
 from swarm_node.training.params import trainable_named
 
 log = logging.getLogger("swarm_node.dpo")
@@ -56,10 +54,8 @@ class DPONode(RoundNode):
     def __init__(self, cfg: NodeConfig, state_dir: Path) -> None:
         from swarm_node.models.loading import load_model
 
+        super().__init__(cfg, state_dir)
         d = cfg.dpo
-        self.cfg = cfg
-        self.state_dir = Path(state_dir)
-        torch.manual_seed(cfg.seed)
         lora = cfg.model.lora if cfg.model.lora.enabled else None
         self.loaded = load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.model.device, lora=lora,
                                  name=cfg.model.name)
@@ -154,9 +150,7 @@ class DPONode(RoundNode):
         d, swarm, r, t0 = self.cfg.dpo, self.neighbourhood.swarm, self.last_round + 1, time.time()
         if swarm:
             swarm.set_round(r)
-        t = self.cfg.training  # the shared lr schedule: training.lr_schedule / warmup_rounds, over DPO rounds
-        set_lr(self.trainer.optimizer, self.trainer.optimizer.defaults["lr"] *
-               lr_factor(t.lr_schedule, r, t.warmup_rounds, self.cfg.rounds))
+        self.apply_lr_schedule()  # training.lr_schedule / warmup_rounds, as in GRPO (node/loop.py)
         if self.robust is not None and not self.robust.anchored:  # our own update is measured from here
             self.robust.averaged(get_params(self.model))
         log.debug("round %d: %d local DPO steps", r, d.local_steps)  # fault tests watch this

@@ -40,8 +40,6 @@ from swarm_node.tasks import get_task
 from swarm_node.tasks.base import Task
 from swarm_node.training.ftis_step import FTISTrainer
 from swarm_node.training.groups import TrainGroup
-from swarm_node.training.lr_schedule import lr_factor
-from swarm_node.training.optim import set_lr
 
 log = logging.getLogger("swarm_node.node")
 
@@ -68,8 +66,7 @@ class GRPONode(RoundNode):
     FIRST_ROUND = 1  # round 0 is the evaluation of the model as loaded
 
     def __init__(self, cfg: NodeConfig, state_dir: Path, loaded: LoadedModel | None = None):
-        self.cfg = cfg
-        self.state_dir = Path(state_dir)
+        super().__init__(cfg, state_dir)
         # before a weight is loaded: a config that cannot fit the device is refused in one line
         self.plan = check_fits(cfg) if loaded is None else None
         self.loaded = loaded or load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.model.device,
@@ -284,9 +281,7 @@ class GRPONode(RoundNode):
             ex = self.exchange(local, r, version=version, generated=generated)
         external = ex.groups
         t1 = time.perf_counter()
-        t = self.cfg.training
-        lr_now = self.trainer.lr * lr_factor(t.lr_schedule, r - 1, t.warmup_rounds, self.cfg.rounds)
-        set_lr(self.trainer.optimizer, lr_now)
+        lr_now = self.apply_lr_schedule()
         log.debug("round %d: training step on %d external groups", r, len(external))  # fault tests watch this
         if self.pipe is None:
             self.generator.release()  # vLLM on a GPU sleeps: the step has the card
@@ -356,8 +351,4 @@ class GRPONode(RoundNode):
 def run_grpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> int:
     """Run until cfg.rounds rounds are done or SIGINT/SIGTERM; checkpoint and leave cleanly; exit code."""
 
-    def make() -> GRPONode:
-        torch.manual_seed(cfg.seed)
-        return GRPONode(cfg, state_dir)
-
-    return run_node(make, log_level)
+    return run_node(lambda: GRPONode(cfg, state_dir), log_level)
