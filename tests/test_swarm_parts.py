@@ -209,7 +209,7 @@ def test_the_peers_skipped_as_unreachable_are_pruned_and_bounded(monkeypatch) ->
 
 def test_a_batch_offer_over_the_batch_cap_is_refused_before_any_download() -> None:
     """A GRPO node passes the largest payload a valid batch can be (`batch_cap`); an offer over it is refused
-    as too_large without a download, while DPO's parameters keep swarm.max_batch_bytes."""
+    as too_large without a download, while DPO's parameters keep their own cap (`params_cap`)."""
     import asyncio
 
     from swarm_node.swarm.records import BlobEntry
@@ -225,6 +225,28 @@ def test_a_batch_offer_over_the_batch_cap_is_refused_before_any_download() -> No
     entry = BlobEntry(round=3, size=10_001, sha256="0" * 64)
     _payload, reason = asyncio.run(node.receiver._download("params", "peer", entry, 1.0))
     assert reason == "stream_error"  # not too_large: no P2P here, so the download itself fails
+
+
+def test_dpo_parameters_are_bounded_by_their_own_setting_not_the_batch_cap() -> None:
+    """A DPO peer's `params_cap` (dpo.max_payload_bytes) bounds the parameters it fetches and publishes,
+    below or above swarm.max_batch_bytes; batches keep swarm.max_batch_bytes."""
+    import asyncio
+
+    from swarm_node.config import DPOConfig
+    from swarm_node.swarm.records import BlobEntry
+
+    assert DPOConfig().max_payload_bytes == SwarmConfig().max_batch_bytes  # the same default bound as before
+    cfg = SwarmConfig(enabled=True, max_batch_bytes=1 << 20)
+    small = SwarmPeer(cfg, INFO, validate=None, params_cap=10_000)
+    _payload, reason = asyncio.run(small.receiver._download("params", "peer", BlobEntry(round=3, size=10_001, sha256="0" * 64), 1.0))
+    assert reason == "too_large" and small.stats()["rejected"] == {"too_large": 1}
+    with pytest.raises(ValueError, match="dpo.max_payload_bytes=10000"):
+        small.publish("params", 3, b"x" * 10_001)
+    large = SwarmPeer(cfg, INFO, validate=None, params_cap=4 << 20)
+    _payload, reason = asyncio.run(large.receiver._download("params", "peer", BlobEntry(round=3, size=2 << 20, sha256="0" * 64), 1.0))
+    assert reason == "stream_error"  # over max_batch_bytes, under its own cap: it would be downloaded
+    with pytest.raises(ValueError, match="swarm.max_batch_bytes"):
+        large.publish("batch", 3, b"x" * ((1 << 20) + 1))
 
 
 def test_download_slots_serve_trusted_peers_first_and_cap_strangers() -> None:

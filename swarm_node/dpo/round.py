@@ -110,7 +110,8 @@ class DPONode(RoundNode):
         info = PeerInfo(mode="dpo", model_name=self.loaded.name, tokenizer_fp=self.loaded.tokenizer_fp,
                         task_id=self.data.task_id, arch_fp=self.arch_fp)
         # DPO takes no rollout batches: parameters come by fetch
-        swarm = SwarmPeer(self.cfg.swarm, info, validate=None, logger=logging.getLogger("swarm_node.swarm")).start()
+        swarm = SwarmPeer(self.cfg.swarm, info, validate=None, params_cap=self.cfg.dpo.max_payload_bytes,
+                          logger=logging.getLogger("swarm_node.swarm")).start()
         self.neighbourhood = Neighbourhood(self.cfg.dpo, swarm, self.arch_fp)
         swarm.set_round(self.last_round + 1)
         self.last_stats = swarm.stats()
@@ -168,7 +169,7 @@ class DPONode(RoundNode):
         if swarm and self.allreduce is None:
             swarm.publish("params", r, payload)
         received = self.neighbourhood.fetch_all(to_fetch, r)
-        limit = self.cfg.swarm.max_batch_bytes
+        limit = d.max_payload_bytes
         allreduce_bytes = 0
         if self.allreduce is not None:
             res = mixing.allreduce_result(self.allreduce, own, plan.participants, me)

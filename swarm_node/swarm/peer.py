@@ -63,15 +63,17 @@ class SwarmPeer:
     peer that takes no batches (DPO: its announcements of batches are declined before any download).
     `accept` picks the peers we push to and download from (by their mode, task, tokenizer...); None:
     our own mode. `batch_cap`: the largest rollout batch we download (a GRPO node: the largest payload a
-    batch within its receive limits can be, grpo/limits.py); None: `swarm.max_batch_bytes`, which also
-    bounds DPO's parameter payloads. `rank(peer_id)`: 0 for a peer we trust (a GRPO node: an identity its
+    batch within its receive limits can be, grpo/limits.py); None: `swarm.max_batch_bytes`. `params_cap`:
+    the largest DPO parameter payload we fetch or publish (a DPO node: `dpo.max_payload_bytes`); None:
+    `swarm.max_batch_bytes`. `rank(peer_id)`: 0 for a peer we trust (a GRPO node: an identity its
     newcomer gate has established), higher for strangers (receiver.Rank). It orders the waits for download
     slots (strangers share at most half of them) and picks whom we push to (trusted peers first, one place
     kept for strangers); None: everyone alike.
     """
 
     def __init__(self, cfg: SwarmConfig, info: PeerInfo, *, validate: Validator | None, accept: Accept | None = None,
-                 batch_cap: int | None = None, rank: Rank | None = None, logger: logging.Logger | None = None):
+                 batch_cap: int | None = None, params_cap: int | None = None, rank: Rank | None = None,
+                 logger: logging.Logger | None = None):
         self.cfg = cfg
         self.info = info
         self.log = logger or logging.getLogger("swarm_node.swarm")
@@ -90,7 +92,7 @@ class SwarmPeer:
                              rank=rank)
         self.receiver = BatchReceiver(cfg, validate, view=self.view, membership=self.membership, dht=self.dht,
                                       loop=self.loop, counters=self.counters, keep=self.blobs.keep, log=self.log,
-                                      batch_cap=batch_cap, rank=rank)
+                                      batch_cap=batch_cap, params_cap=params_cap, rank=rank)
         self._stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._started = False
@@ -190,8 +192,10 @@ class SwarmPeer:
         if kind not in KINDS:
             raise ValueError(f"unknown blob kind {kind!r}; expected one of {KINDS}")
         payload = bytes(payload)
-        if len(payload) > self.cfg.max_batch_bytes:
-            raise ValueError(f"{kind} payload of {len(payload)} bytes exceeds swarm.max_batch_bytes={self.cfg.max_batch_bytes}")
+        cap, setting = ((self.receiver.params_cap, "dpo.max_payload_bytes") if kind == "params"
+                        else (self.cfg.max_batch_bytes, "swarm.max_batch_bytes"))
+        if len(payload) > cap:
+            raise ValueError(f"{kind} payload of {len(payload)} bytes exceeds {setting}={cap}")
         entry = self.blobs.put(kind, describe(round, payload), payload)
         if kind != "batch":
             self.membership.announce(kind, self.blobs.entries(kind))
