@@ -110,8 +110,8 @@ def test_one_call_admits_the_honest_batch_and_counts_every_refusal_by_its_reason
     assert out.groups_by_peer["honest"[-8:] + ":tiny"] == 4
     assert out.batch_ages_s == [1.5] and out.version_lags == [0]
     # only the honest batch passed everything: it is one round closer to being established, the others are not
-    assert adm.newcomers._passed.get("honest") == {ROUND}
-    assert "liar" not in adm.newcomers._passed and "replayer" not in adm.newcomers._passed
+    assert adm.newcomers.rounds_passed("honest") == {ROUND}
+    assert adm.newcomers.rounds_passed("liar") == adm.newcomers.rounds_passed("replayer") == frozenset()
     # and its verified volume, which weighs its draw for the established slots, is what it carried through
     assert adm.newcomers.volume("honest") == sum(len(g.completions) for g in out.groups) == 16
     assert adm.newcomers.volume("liar") == 0.0

@@ -461,7 +461,7 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_step(loaded, lora)
         layers = decoder_layers(model) if ckpt else ()
         trainer = FTISTrainer(model, TrainingConfig(variant="on_policy", lr=1e-3), loaded.tokenizer.pad_token_id,
                               checkpoint_layers=layers)
-        assert trainer._can_share_prompts()  # the 4 completions share one prompt forward either way
+        assert trainer.shares_prompts()  # the 4 completions share one prompt forward either way
         trainer.accumulate_gradients(trainer.prepare(groups))
         if ckpt:
             n_layers = loaded.model.config.num_hidden_layers

@@ -95,9 +95,7 @@ def test_output_head_runs_on_completion_positions_only(share):
     groups = [random_group(rng, prompt_len=n) for n in (2, 9, 5)]
     cmax = max(len(c) for g in groups for c in g.completions)
     for model in (tiny_llama(4), get_peft_model(tiny_llama(4), LoraConfig(r=2, target_modules=["q_proj"]))):
-        trainer = FTISTrainer(model, TrainingConfig(micro_batch_size=12, lr=1e-3), PAD, "cpu")
-        if not share:
-            trainer._can_share_prompts = lambda: False
+        trainer = FTISTrainer(model, TrainingConfig(micro_batch_size=12, lr=1e-3), PAD, "cpu", share_prompts=share)
         got, seen = head_rows(model, lambda t=trainer: t.completion_logprobs(groups))
         tokens = sum(len(c) for g in groups for c in g.completions)
         assert cmax * 12 > tokens  # padding exists, and the head must not see it
@@ -118,9 +116,7 @@ def test_one_forward_per_prompt_gives_the_same_gradient():
         grads = []
         for share in (True, False):
             model = make()
-            trainer = FTISTrainer(model, TrainingConfig(micro_batch_size=5, lr=1e-3), PAD, "cpu")
-            if not share:
-                trainer._can_share_prompts = lambda: False
+            trainer = FTISTrainer(model, TrainingConfig(micro_batch_size=5, lr=1e-3), PAD, "cpu", share_prompts=share)
             with_behaviour(trainer, groups, shift=-0.1)
             trainer.accumulate_gradients(trainer.prepare(groups))
             grads.append(torch.cat([p.grad.flatten() for p in trainer.params]))
@@ -141,9 +137,7 @@ def test_a_prefix_shared_by_all_prompts_runs_once_with_the_same_gradient():
     grads, logps = [], []
     for share in (True, False):
         model = tiny_llama(9)
-        trainer = FTISTrainer(model, TrainingConfig(micro_batch_size=16, lr=1e-3), PAD, "cpu")
-        if not share:
-            trainer._can_share_prompts = lambda: False
+        trainer = FTISTrainer(model, TrainingConfig(micro_batch_size=16, lr=1e-3), PAD, "cpu", share_prompts=share)
         with_behaviour(trainer, groups, shift=-0.2)
         seen_inputs: list[tuple[int, ...]] = []
         hook = model.get_decoder().register_forward_pre_hook(
@@ -156,6 +150,8 @@ def test_a_prefix_shared_by_all_prompts_runs_once_with_the_same_gradient():
         if share:  # the prefix alone, the 3 tails, then the 9 completions
             assert [s[0] for s in seen_inputs] == [1, 3, 9], seen_inputs
             assert seen_inputs[0][1] == len(prefix)
+        else:  # share_prompts=False: one whole forward of the 9 sequences, the reference the shared one must equal
+            assert [s[0] for s in seen_inputs] == [9] and not trainer.shares_prompts(), seen_inputs
         trainer.accumulate_gradients(trainer.prepare(groups))
         grads.append(torch.cat([p.grad.flatten() for p in trainer.params]))
     for a, b in zip(logps[0], logps[1], strict=True):

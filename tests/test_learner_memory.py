@@ -94,8 +94,8 @@ def test_out_of_memory_halves_the_token_budget_and_retries_with_the_same_update(
         # SGD, whose step is the gradient itself (Adam's first step is lr * sign(gradient), blind to a
         # gradient counted twice), and no clipping, which would hide it too
         cfg = TrainingConfig(micro_batch_tokens=budget, lr=0.5, optimizer="sgd", grad_clip=1e6)
-        trainer = FTISTrainer(model, cfg, PAD, "cpu")
-        trainer._can_share_prompts = lambda: False  # one forward per micro-batch: the card sees all its tokens
+        # one forward per micro-batch: the card sees all its tokens
+        trainer = FTISTrainer(model, cfg, PAD, "cpu", share_prompts=False)
         with_behaviour(trainer, groups, shift=-0.1)
         card = _SmallCard(model, limit, refuse_call) if simulated else None
         res = trainer.step(groups)
@@ -115,8 +115,7 @@ def test_out_of_memory_with_one_sequence_per_micro_batch_is_raised():
     rng = np.random.default_rng(6)
     groups = _groups(rng, 1)
     model = tiny_llama(9)
-    trainer = FTISTrainer(model, TrainingConfig(lr=1e-2), PAD, "cpu")
-    trainer._can_share_prompts = lambda: False
+    trainer = FTISTrainer(model, TrainingConfig(lr=1e-2), PAD, "cpu", share_prompts=False)
     with_behaviour(trainer, groups)
     _SmallCard(model, 1)
     with pytest.raises(torch.OutOfMemoryError):

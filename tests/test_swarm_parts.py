@@ -89,39 +89,28 @@ def test_no_swarm_module_names_a_reason_by_a_string_literal() -> None:
     assert bad == []
 
 
-def test_a_node_alone_in_its_member_reads_pings_the_peers_it_knows(monkeypatch) -> None:
+def test_a_node_alone_in_its_member_reads_pings_the_peers_it_knows() -> None:
     """After ALONE_READS member reads that list no peer but us (an outage emptied the DHT routing table),
     the heartbeat pings the known peers, then at most every REJOIN_EVERY_S while still alone; one read that
-    lists a peer stops it. (The real outage: tests/test_net_scenarios.py, the link cut.)"""
-    from swarm_node.swarm import peer as swarm_peer_module
+    lists a peer stops it. (The real outage, through SwarmPeer's heartbeat: tests/test_net_scenarios.py, the
+    link cut.)"""
+    from swarm_node.swarm.rejoin import ALONE_READS, REJOIN_EVERY_S, RejoinPolicy
 
-    node = SwarmPeer(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # never started: no network
-    node.dht.peer_id = "me"
-    pings: list[float] = []
-    monkeypatch.setattr(node.dht, "rejoin", lambda: pings.append(0) or 2)
-    listed: dict = {}
-    monkeypatch.setattr(node.membership, "read_members", lambda **kw: dict(listed))
-    monkeypatch.setattr(node.view, "update", lambda *a, **kw: set())
-    monkeypatch.setattr(node.view, "greet", lambda n: None)
-    every = swarm_peer_module.REJOIN_EVERY_S
-    t = 1000.0
-    for _ in range(swarm_peer_module.ALONE_READS - 1):
-        node._refresh_view()
-        node._rejoin_if_alone(t)
-    assert pings == []  # not yet: a peer may simply not have stored its record
-    node._refresh_view()
-    node._rejoin_if_alone(t)
-    assert len(pings) == 1 and node.counters.stats(node.intake)["rejoins"] == 1
-    node._refresh_view()
-    node._rejoin_if_alone(t + every / 2)
-    assert len(pings) == 1  # rate-limited
-    node._refresh_view()
-    node._rejoin_if_alone(t + every)
-    assert len(pings) == 2
-    listed["peer-a"] = types.SimpleNamespace(round=7)  # a read lists a peer again: back to normal
-    node._refresh_view()
-    node._rejoin_if_alone(t + 10 * every)
-    assert len(pings) == 2 and node._alone_reads == 0
+    policy, t = RejoinPolicy(), 1000.0
+    assert SwarmPeer(SwarmConfig(enabled=True), INFO, validate=keep_raw).rejoin_policy.after_reads == ALONE_READS
+    for _ in range(ALONE_READS - 1):
+        policy.read(others_listed=False)
+        assert not policy.due(t)  # not yet: a peer may simply not have stored its record
+    policy.read(others_listed=False)
+    assert policy.due(t)
+    policy.read(others_listed=False)
+    assert not policy.due(t + REJOIN_EVERY_S / 2)  # rate-limited
+    policy.read(others_listed=False)
+    assert policy.due(t + REJOIN_EVERY_S)
+    policy.read(others_listed=True)  # a read lists a peer again: back to normal
+    assert not policy.due(t + 10 * REJOIN_EVERY_S) and policy.alone_reads == 0
+    policy.read(others_listed=False)
+    assert not policy.due(t + 20 * REJOIN_EVERY_S)  # and the count starts again
 
 
 class _Writer:

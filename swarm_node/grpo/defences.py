@@ -304,6 +304,10 @@ class NewcomerGate:
     def established(self, peer_id: str) -> bool:
         return len(self._passed.get(peer_id, ())) >= self.established_after
 
+    def rounds_passed(self, peer_id: str) -> frozenset[int]:
+        """The rounds in which this identity's batch passed every check (what makes it established)."""
+        return frozenset(self._passed.get(peer_id, ()))
+
     def rank(self, peer_id: str) -> tuple[int, int]:
         """Sort key for the intake: established first, then newcomers in the order first heard."""
         if self.established(peer_id):

@@ -38,6 +38,7 @@ from swarm_node.swarm.membership import STORE_BEAM, Membership, PeerInfo
 from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.swarm.receiver import BatchReceiver, Rank, RoundIntake, Validator
 from swarm_node.swarm.records import KINDS, MAX_ANNOUNCED_ROUNDS, MemberRecord
+from swarm_node.swarm.rejoin import RejoinPolicy
 from swarm_node.swarm.supervisor import DHTSupervisor
 from swarm_node.swarm.view import Accept, PeerView
 
@@ -46,8 +47,6 @@ JOIN_POLL_S = 1.0  # membership re-reads while a joining node's first round find
 HEARTBEAT_THREAD = "swarm-node-heartbeat"
 UNREACHABLE_WARN_S = 30.0  # a peer every push failed to reach for this long (or 6 heartbeats) is warned about
 UNREACHABLE_HINT_EVERY_S = 600.0  # at most one such line per 10 minutes
-ALONE_READS = 3  # member reads that list no other peer before we ping the peers we know (`_rejoin_if_alone`)
-REJOIN_EVERY_S = 5.0  # and again this often while they still list no one
 
 
 class SwarmPeer:
@@ -98,8 +97,7 @@ class SwarmPeer:
         self._started = False
         self._closed = False
         self._keep_view_until = 0.0  # after a DHT restart: member reads may add peers, not forget them
-        self._alone_reads = 0  # consecutive member reads that listed no peer but us
-        self._next_rejoin = 0.0
+        self.rejoin_policy = RejoinPolicy()  # when a peer alone in its member reads pings the peers it knows
         self._hints = RateLimitedLog(self.log, burst=1, period_s=UNREACHABLE_HINT_EVERY_S)
 
     @property
@@ -276,19 +274,14 @@ class SwarmPeer:
             self.view.repush()
 
     def _rejoin_if_alone(self, now: float) -> None:
-        """After ALONE_READS member reads that list no peer but us, ping the peers we know (initial and last
-        connected), then every REJOIN_EVERY_S while alone. A node whose link was down for a minute has
-        dropped every peer from its DHT routing table (their RPCs failed) and its peers have dropped it, and
-        nothing else dials again: such a node took 34-37 s after its link returned to exchange again, 6-10 s
-        with this (benchmarks/network.py link_cut, docs/results.md)."""
-        if self._alone_reads < ALONE_READS or now < self._next_rejoin:
+        """Ping the peers we know (initial and last connected) when the rejoin policy says so (rejoin.py)."""
+        if not self.rejoin_policy.due(now):
             return
-        self._next_rejoin = now + REJOIN_EVERY_S
         answered = self.dht.rejoin()
         if answered:
             self.counters.add("rejoins")
             self.log.info("no peer listed in %d member reads: %d known peer(s) answered a ping; rejoining",
-                          self._alone_reads, answered)
+                          self.rejoin_policy.alone_reads, answered)
 
     def _refresh_view(self, latest: bool = True, beam_size: int | None = None) -> None:
         """Membership read: who we may push to, and what round each peer has signed.
@@ -298,7 +291,7 @@ class SwarmPeer:
         TTL are forgotten; one copy may lack peers that are still there (membership.py says why).
         """
         members = self.membership.read_members(latest=latest, beam_size=beam_size)
-        self._alone_reads = 0 if set(members) - {self.peer_id} else self._alone_reads + 1
+        self.rejoin_policy.read(others_listed=bool(set(members) - {self.peer_id}))
         if not members and self.dht.child is None:
             return
         heard = self.intake.heard_since(time.time() - self.cfg.record_ttl_s)

@@ -61,7 +61,8 @@ class FTISTrainer:
     The model must already be on ``device``. Works for full models and peft LoRA models alike: only
     parameters with requires_grad are optimized and clipped. ``checkpoint_layers`` (the model's transformer
     layers) switches on activation checkpointing; ``compute_dtype`` float16 switches on dynamic loss scaling
-    (bf16 and fp32 need none).
+    (bf16 and fp32 need none). ``share_prompts`` False runs one whole forward per sequence instead of one
+    forward per distinct prompt (the reference the shared forward is tested against).
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class FTISTrainer:
         temperature: float = 1.0,
         checkpoint_layers: Sequence[nn.Module] = (),
         compute_dtype: torch.dtype | None = None,
+        share_prompts: bool = True,
     ) -> None:
         self.model = model
         # log pi_theta is taken at the sampling temperature (logits / T, as TRL and verl do), so that our own
@@ -91,7 +93,10 @@ class FTISTrainer:
         self.scaler = (torch.amp.GradScaler(self.device.type) if compute_dtype == torch.float16 else None)
         self._keep_name: str | None = None  # the forward's logits_to_keep argument, found on first use
         self._cache_in_name: str | None = None  # the forward's KV-cache argument, found on first use
-        self._share_ok = True  # false once a cache could not be made read-only under checkpointing
+        # one forward per distinct prompt when the model takes a KV cache; False: one whole forward per sequence
+        # (the reference the shared forward is tested against); off for good once a cache could not be made
+        # read-only under checkpointing
+        self._share_ok = share_prompts
         self._body, self._head = body_and_head(model)
         vocab = getattr(getattr(self._head, "weight", None), "shape", (0,))[0] or vocab_size(model)
         self.logits_chunk = cfg.logits_chunk_tokens or chunk_tokens(vocab)
@@ -130,7 +135,7 @@ class FTISTrainer:
         prompts are shared, rows x (longest prompt + longest completion) when every row runs whole."""
         order = sorted(range(n), key=lambda i: (seqs[i].prompt_len, seqs[i].ids[: seqs[i].prompt_len].tobytes(),
                                                 len(seqs[i].ids)))
-        share = self._can_share_prompts()
+        share = self.shares_prompts()
         cap = self.cfg.micro_batch_size or n
         out: list[list[int]] = []
         cur: list[int] = []
@@ -181,7 +186,7 @@ class FTISTrainer:
         row, j, target = torch.cat(rows).to(dev), torch.cat(js).to(dev), torch.cat(targets).to(dev)
         prompts = {s.ids[: s.prompt_len].tobytes() for s in seqs}
         feats = None
-        if len(prompts) < b and self._can_share_prompts():
+        if len(prompts) < b and self.shares_prompts():
             feats = self._forward_shared(seqs, cmax)
         if feats is None:
             feats = self._forward_rows(seqs, cmax)
@@ -296,7 +301,7 @@ class FTISTrainer:
                               position_ids=offset + (rest.cumsum(1) - 1).clamp(min=0), **kwargs)
         return last, getattr(out, self._cache_out_name(out)), torch.cat([head, rest], 1)
 
-    def _can_share_prompts(self) -> bool:
+    def shares_prompts(self) -> bool:
         """Whether the model continues from a KV cache it returns: decided once per trainer from the forward's
         signature (and off for good once a cache could not be made read-only under checkpointing)."""
         if not self._share_ok:
