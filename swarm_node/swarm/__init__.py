@@ -1,6 +1,8 @@
-"""The network half of a node: joining a hivemind swarm, signed membership, blob exchange over P2P.
+"""The network half of a node, and the only package that imports hivemind: joining a swarm, signed
+membership, blobs over P2P.
 
-`SwarmPeer` (swarm/peer.py) is the one class the node side uses; its parts are listed in its module.
+`SwarmPeer` (swarm/peer.py) is the one class the node side uses; its parts are listed in its module. DPO's
+parameters on the wire and hivemind's all-reduce are `swarm/averaging/`.
 """
 
 from swarm_node.swarm import reasons
