@@ -46,8 +46,8 @@ def node_config(model: str | dict, seed: int, *, prompts: int = 16, eval_n: int 
 
 
 def grpo_node(cfg: NodeConfig, workdir: Path) -> GRPONode:
-    """The node of `cfg` in `workdir`, with torch's global seed set to the node's first (model init, LoRA)."""
-    torch.manual_seed(cfg.seed)
+    """The node of `cfg` in `workdir` (it seeds torch with cfg.seed itself, before model init and LoRA:
+    node/loop.py `RoundNode.__init__`)."""
     return GRPONode(cfg, workdir)
 
 
