@@ -39,7 +39,7 @@ return m.length ? {rendered: m[0].startTime, load: nav ? nav.loadEventEnd : null
 
 
 def grpo_row(r: int, peer: str, rng: random.Random) -> dict:
-    """A row with the keys of swarm_node/node/grpo_node.py's (async exchange, eval every 5 rounds)."""
+    """A row with the keys of swarm_node/grpo/round.py's (async exchange, eval every 5 rounds)."""
     return {
         "round": r, "reward_mean": rng.random(), "loss": rng.uniform(-0.1, 0.1), "local_groups": rng.randint(0, 16),
         "external_groups": rng.randint(0, 24), "filtered": rng.randint(0, 6), "filtered_external": rng.randint(0, 4),

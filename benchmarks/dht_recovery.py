@@ -1,13 +1,13 @@
 """Time from SIGKILL of a node's DHT child to a restarted, rejoined child, and to the next exchange.
 
-Two SwarmNodes on 127.0.0.1: `first` starts the swarm, `joiner` joins through it. A thread keeps reading
+Two SwarmPeers on 127.0.0.1: `first` starts the swarm, `joiner` joins through it. A thread keeps reading
 announcements on the receiving node (as the round loop does while it collects) and the heartbeat runs at
 --heartbeat; one node's child (--killed) is killed at a random moment, --trials times, and then one node
 (--publisher: the other one, or the killed one itself) publishes a batch that the other must receive.
 Prints each trial and the min / median / max.
 
 `--exchange dpo` measures DPO's path instead (parameters are fetched by DHT announcement, not pushed):
---nodes SwarmNodes on a ring with the DPO demo's swarm settings (peers/dpo-ring-*.yaml: heartbeat 2 s,
+--nodes SwarmPeers on a ring with the DPO demo's swarm settings (peers/dpo-ring-*.yaml: heartbeat 2 s,
 record TTL 20 s, 20 s fetch deadline) each run rounds as a DPO node does: publish --payload bytes of
 parameters, fetch both ring neighbours' same round in parallel, then --step seconds of local steps. Node
 0's DHT child is SIGKILLed --trials times, 2-5 s apart; per kill and neighbour: seconds from the kill until
@@ -39,7 +39,7 @@ import time
 
 from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
+from swarm_node.swarm import PeerInfo, SwarmPeer, keep_raw
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
@@ -73,8 +73,8 @@ def main() -> None:
                            bootstrap_retries=1, bootstrap_timeout_s=5.0, **kw)
 
     info = PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x")
-    first = SwarmNode(cfg(), info, validate=keep_raw).start()
-    joiner = SwarmNode(cfg(initial_peers=first.visible_maddrs()), info, validate=keep_raw).start()
+    first = SwarmPeer(cfg(), info, validate=keep_raw).start()
+    joiner = SwarmPeer(cfg(initial_peers=first.visible_maddrs()), info, validate=keep_raw).start()
     killed = joiner if args.killed == "joiner" else first
     other = first if killed is joiner else joiner
     sender, receiver = (killed, other) if args.publisher == "killed" else (other, killed)
@@ -123,7 +123,7 @@ def main() -> None:
 
 
 def dpo_ring(args, seeds: list[int], trials: int) -> None:
-    """Node 0 of a ring of DPO-like SwarmNodes loses its DHT child; how soon do its neighbours hold its
+    """Node 0 of a ring of DPO-like SwarmPeers loses its DHT child; how soon do its neighbours hold its
     next round's parameters? (tests/tooling/dpo_ring.py)"""
     from tests.tooling.dpo_ring import DEADLINE_S, kill_and_watch
 

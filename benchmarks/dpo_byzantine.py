@@ -2,7 +2,7 @@
 
 The swarm of benchmarks/dpo_topology.py (8 in-process tiny-Llama DPO nodes, common initial weights, node i
 holding synthetic user i mod 4, one local DPO step per round) averages through the node's own
-`mixing.gossip_step`, with `RobustAverager` (gossip/robust.py: replay and outlier refusal, ClippedGossip)
+`mixing.gossip_step`, with `RobustAverager` (dpo/robust.py: replay and outlier refusal, ClippedGossip)
 or without it (plain averaging, `dpo.aggregation: mean`). Every node is built from one DPOConfig as
 DPONode builds it: under the robust rule the graph is widened to `dpo.min_neighbours` (the ring gets its
 second neighbours; `--min-neighbours 0` keeps it), and `Bypass` routes around missing neighbours.
@@ -40,12 +40,12 @@ import torch
 
 from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from benchmarks.dpo_topology import Swarm, consensus_error
-from swarm_node import gossip as G
+from swarm_node import dpo as G
 from swarm_node.config import DPOConfig
-from swarm_node.gossip import topology
-from swarm_node.gossip.bypass import Bypass
-from swarm_node.gossip.exchange import gossip_graph
-from swarm_node.gossip.robust import RobustAverager
+from swarm_node.dpo import topology
+from swarm_node.dpo.bypass import Bypass
+from swarm_node.dpo.neighbours import gossip_graph
+from swarm_node.dpo.robust import RobustAverager
 from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
 from tests.dpo_adversary import MODES, OMNISCIENT, HostileNeighbour, View, recipient  # a test helper
 
@@ -331,7 +331,7 @@ def main() -> None:
     if args.quick:
         args.rounds, args.graphs, args.modes, args.attackers = 6, ["ring"], ["scaled", "alie"], [1]
     torch.set_num_threads(1)  # tiny models: one thread is faster than two busy ones
-    logging.getLogger("swarm_node.gossip.mixing").setLevel(logging.ERROR)  # one refusal line per node and round
+    logging.getLogger("swarm_node.dpo.mixing").setLevel(logging.ERROR)  # one refusal line per node and round
     t0 = time.perf_counter()
     # the code that runs is the code at the start: a commit made while it runs must not be recorded
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()

@@ -2,7 +2,7 @@
 
 8 in-process DPO nodes (a tiny Llama each, the same initial weights), 4 users with different tastes (node
 i has user i mod 4, so graph neighbours differ in taste; non-IID), one local DPO step per round, then one
-gossip average through the same functions the networked node runs (swarm_node/gossip/mixing.py). Per graph it reports:
+gossip average through the same functions the networked node runs (swarm_node/dpo/mixing.py). Per graph it reports:
 
 - consensus error sqrt(mean_i ||x_i - x_bar||^2) and the mean held-out preference accuracy of the nodes
   (the mixture of all users) per round;
@@ -29,8 +29,9 @@ import numpy as np
 import torch
 
 from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
-from swarm_node import gossip
-from swarm_node.gossip import choco, topology
+from swarm_node import dpo
+from swarm_node.dpo import topology
+from swarm_node.gossip import choco
 from swarm_node.models.factory import Preset, build_model, build_tokenizer
 from swarm_node.runs.stats import fmt_ms as fmt
 from swarm_node.runs.stats import mean_std
@@ -76,14 +77,14 @@ class Swarm:
         self.trainers = [DPOTrainer(m, self.tok, task.user_pairs(i % users, pairs, seed=1000 * seed + i), lr=lr,
                                     batch_size=16, seed=seed + i) for i, m in enumerate(self.models)]
         self.held = HeldOut(base, self.tok, task.heldout_pairs(heldout, seed=seed + 10_000))
-        self.arch = gossip.arch_fingerprint(base)
+        self.arch = dpo.arch_fingerprint(base)
         self.shapes = [p.shape for _, p in trainable_named(base)]
 
     def accuracy(self) -> float:
         return float(np.mean([self.held.evaluate(m)["heldout_pref_acc"] for m in self.models]))
 
     def params(self) -> list[list[torch.Tensor]]:
-        return [gossip.get_params(m) for m in self.models]
+        return [dpo.get_params(m) for m in self.models]
 
 
 def run_plain(sw: Swarm, graph: str, compression: str, rounds: int, eval_every: int) -> dict:
@@ -93,12 +94,12 @@ def run_plain(sw: Swarm, graph: str, compression: str, rounds: int, eval_every: 
     for r in range(rounds):
         for t in sw.trainers:
             t.local_steps(1)
-        blobs = {p: gossip.encode_params(gossip.get_params(m), sw.arch, compression)
+        blobs = {p: dpo.encode_params(dpo.get_params(m), sw.arch, compression)
                  for p, m in zip(sw.ids, sw.models, strict=True)}
         sent += float(np.mean([degree[i] * len(blobs[p]) for i, p in enumerate(sw.ids)]))
         for p, m in zip(sw.ids, sw.models, strict=True):
-            res = gossip.gossip_step(p, blobs[p], blobs, sw.ids, adj, sw.shapes, sw.arch, compression)
-            gossip.set_params(m, res.params)
+            res = dpo.gossip_step(p, blobs[p], blobs, sw.ids, adj, sw.shapes, sw.arch, compression)
+            dpo.set_params(m, res.params)
         errors.append(consensus_error(sw.params()))
         if (r + 1) % eval_every == 0 or r == rounds - 1:
             curve.append((r + 1, sw.accuracy(), sent))
@@ -119,8 +120,8 @@ def run_choco(sw: Swarm, graph: str, rounds: int, eval_every: int, fraction: flo
         sent += float(np.mean([degree[i] * choco.message_bytes(q) for i, q in enumerate(msgs)]))
         by_id = dict(zip(sw.ids, public, strict=True))
         for i, (p, m) in enumerate(zip(sw.ids, sw.models, strict=True)):
-            weights = gossip.live_mixing_row(adj, sw.ids, p)
-            gossip.set_params(m, choco.consensus_step(xs[i], public[i], by_id, weights, p, gamma))
+            weights = dpo.live_mixing_row(adj, sw.ids, p)
+            dpo.set_params(m, choco.consensus_step(xs[i], public[i], by_id, weights, p, gamma))
         errors.append(consensus_error(sw.params()))
         if (r + 1) % eval_every == 0 or r == rounds - 1:
             curve.append((r + 1, sw.accuracy(), sent))

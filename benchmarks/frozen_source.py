@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from benchmarks.nodes import grpo_node, heldout_score, node_config
-from swarm_node.node.grpo_node import GRPONode
+from swarm_node.grpo.round import GRPONode
 from swarm_node.runs.stats import mean_std, paired_difference
 
 

@@ -1,4 +1,4 @@
-"""Fuzz the DPO parameter payload codec (gossip/payload.py) and its receive path (mixing.gossip_step).
+"""Fuzz the DPO parameter payload codec (swarm/averaging/payload.py) and its receive path (mixing.gossip_step).
 
 Cases (tests/tooling/params_fuzz.py): valid payloads of random shapes, values and compressions (none, float16,
 uint8) with a header field, a length prefix or a field of a tensor's protobuf message mutated; payload

@@ -73,9 +73,9 @@ def step_groups(gen, prompts, g, max_new, seed):
 def sync_times(gen, loaded, prompts, steps: int) -> list[float]:
     """Optimizer steps on the engine's samples; the seconds `sync_weights` takes after each."""
     from swarm_node.config import TrainingConfig
-    from swarm_node.training.grpo_step import GRPOTrainer
+    from swarm_node.training.ftis_step import FTISTrainer
 
-    trainer = GRPOTrainer(loaded.model, TrainingConfig(lr=1e-4), loaded.tokenizer.pad_token_id)
+    trainer = FTISTrainer(loaded.model, TrainingConfig(lr=1e-4), loaded.tokenizer.pad_token_id)
     times = []
     for k in range(steps):
         trainer.step(step_groups(gen, prompts[:4], 4, 8, seed=1000 + k))

@@ -93,9 +93,9 @@ def round_prompts(cfg, loaded):
 
 def trainer_for(cfg, loaded):
     from swarm_node.models.loading import decoder_layers
-    from swarm_node.training.grpo_step import GRPOTrainer
+    from swarm_node.training.ftis_step import FTISTrainer
 
-    return GRPOTrainer(loaded.model, cfg.training, loaded.tokenizer.pad_token_id, lr_default=loaded.default_lr(),
+    return FTISTrainer(loaded.model, cfg.training, loaded.tokenizer.pad_token_id, lr_default=loaded.default_lr(),
                        temperature=cfg.generation.temperature, compute_dtype=loaded.dtype,
                        checkpoint_layers=decoder_layers(loaded.model) if cfg.training.gradient_checkpointing else ())
 
@@ -195,7 +195,7 @@ def section_vllm(model_dir: Path, res: dict, gates: dict, max_new: int) -> None:
 def section_node_round(model_dir: Path, res: dict, gates: dict, max_new: int) -> dict:
     import torch
 
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
 
     # random weights score 0 on every sample: train on zero-advantage groups too, so the step runs as a real one
     cfg = node_cfg(model_dir, f"generation.max_new_tokens={max_new}", "training.skip_zero_advantage_groups=false")

@@ -35,7 +35,7 @@ import torch
 
 from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from benchmarks.nodes import grpo_node, heldout_score, node_config, one_thread, run_jobs
-from swarm_node.node.grpo_node import GRPONode
+from swarm_node.grpo.round import GRPONode
 from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
 
 PAIRS: dict[str, tuple[dict, dict]] = {

@@ -26,9 +26,9 @@ import torch
 
 from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from benchmarks.nodes import grpo_node, node_config
-from swarm_node.node.grpo_node import GRPONode
+from swarm_node.grpo.round import GRPONode
 from swarm_node.runs.stats import fmt_ms, mean_std
-from swarm_node.training.grpo_step import GRPOTrainer, PreparedBatch
+from swarm_node.training.ftis_step import FTISTrainer, PreparedBatch
 
 
 def make_node(model: str, seed: int, prompts: int, g: int, max_new: int, workdir: Path) -> GRPONode:
@@ -37,7 +37,7 @@ def make_node(model: str, seed: int, prompts: int, g: int, max_new: int, workdir
                                  training=training), workdir)
 
 
-def floor_pass(trainer: GRPOTrainer, batch: PreparedBatch) -> None:
+def floor_pass(trainer: FTISTrainer, batch: PreparedBatch) -> None:
     """The same forward over the same padded sequences and a trivial loss: what any learner must pay."""
     trainer.optimizer.zero_grad(set_to_none=True)
     logp, mask, _ = trainer._forward_logp(batch.sequences)
@@ -88,7 +88,7 @@ def measure(model: str, seed: int, args: argparse.Namespace, workdir: Path) -> d
     node = make_node(model, seed, args.prompts, args.g, args.max_new, workdir / f"s{seed}")
     groups = node.generate(1).train_groups()
     external = node.generate(2).train_groups(source="peer")  # F-TIS: half the groups from "another policy"
-    trainers = {v: GRPOTrainer(node.loaded.model, node.cfg.training.model_copy(update={"variant": v}),
+    trainers = {v: FTISTrainer(node.loaded.model, node.cfg.training.model_copy(update={"variant": v}),
                                node.tok.pad_token_id) for v in ("ftis", "on_policy")}
     batch = trainers["ftis"].prepare(groups + external)
     arms: dict[str, Callable[[], None]] = {

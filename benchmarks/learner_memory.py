@@ -50,7 +50,10 @@ CHILD = """
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from swarm_node.config import TrainingConfig
     from swarm_node.training.groups import TrainGroup
-    from swarm_node.training.grpo_step import GRPOTrainer
+    try:
+        from swarm_node.training.ftis_step import FTISTrainer
+    except ImportError:  # the `before` arm's source predates the name
+        from swarm_node.training.grpo_step import GRPOTrainer as FTISTrainer
     cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=spec["layers"],
                       num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True, max_position_embeddings=4096)
     torch.manual_seed(0)
@@ -64,7 +67,7 @@ CHILD = """
         autocast_forwards(model, compute)
         kwargs = {"compute_dtype": compute,
                   "checkpoint_layers": decoder_layers(model) if spec["training"].get("gradient_checkpointing") else ()}
-    trainer = GRPOTrainer(model, TrainingConfig(lr=1e-6, **spec["training"]), 0, temperature=0.7, **kwargs)
+    trainer = FTISTrainer(model, TrainingConfig(lr=1e-6, **spec["training"]), 0, temperature=0.7, **kwargs)
     rng = np.random.default_rng(spec["seed"])
     g, c, p = spec["generations"], spec["completion"], spec["prompt"]
     groups = [TrainGroup(prompt_ids=rng.integers(1, 30000, p).tolist(),

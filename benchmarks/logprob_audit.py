@@ -23,7 +23,7 @@ import torch
 from benchmarks.args import add_run_args, resolve_seeds, write_json
 from benchmarks.nodes import node_config
 from swarm_node.config import NodeConfig
-from swarm_node.node.grpo_node import GRPONode
+from swarm_node.grpo.round import GRPONode
 from swarm_node.training.groups import TrainGroup
 
 

@@ -22,7 +22,7 @@ import torch
 
 from swarm_node.config import NodeConfig
 from swarm_node.evaluation import score_prompts
-from swarm_node.node.grpo_node import GRPONode
+from swarm_node.grpo.round import GRPONode
 
 NEVER = 10**6  # a round period that never comes: benchmarks score when they choose, not every k rounds
 
@@ -46,8 +46,8 @@ def node_config(model: str | dict, seed: int, *, prompts: int = 16, eval_n: int 
 
 
 def grpo_node(cfg: NodeConfig, workdir: Path) -> GRPONode:
-    """The node of `cfg` in `workdir`, with torch's global seed set to the node's first (model init, LoRA)."""
-    torch.manual_seed(cfg.seed)
+    """The node of `cfg` in `workdir` (it seeds torch with cfg.seed itself, before model init and LoRA:
+    node/loop.py `RoundNode.__init__`)."""
     return GRPONode(cfg, workdir)
 
 

@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from benchmarks.nodes import grpo_node, heldout_score, node_config
-from swarm_node.node.grpo_node import GRPONode
+from swarm_node.grpo.round import GRPONode
 from swarm_node.runs.stats import combined_se, fmt_ms, mean_std, paired_se, verdict
 
 

@@ -40,7 +40,7 @@ import torch
 from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from swarm_node.config import NodeConfig, load_config
 from swarm_node.evaluation import score_prompts
-from swarm_node.node.grpo_node import GRPONode
+from swarm_node.grpo.round import GRPONode
 from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
 
 PEERS_DIR = Path(__file__).resolve().parents[1] / "peers"

@@ -64,7 +64,7 @@ def evaluate_model(model, tokenizer, cfg) -> tuple[float, list[bool]]:
 
 
 def arm_ours(args: argparse.Namespace) -> dict:
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
 
     cfg = node_config(args)
     with tempfile.TemporaryDirectory() as tmp:

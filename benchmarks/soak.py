@@ -79,7 +79,7 @@ class Attacker:
 
         from swarm_node.config import SwarmConfig
         from swarm_node.models.loading import tokenizer_fingerprint
-        from swarm_node.swarm import PeerInfo, SwarmNode
+        from swarm_node.swarm import PeerInfo, SwarmPeer
         from swarm_node.tasks.arithmetic import ArithmeticTask
         from tests.tooling import batch_fuzz as pf
 
@@ -88,7 +88,7 @@ class Attacker:
         self.fp = tokenizer_fingerprint(self.tok)
         cfg = SwarmConfig(enabled=True, swarm_id=swarm_id, initial_peers=[maddr], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                           heartbeat_s=1.0, record_ttl_s=8.0, max_batch_bytes=2 * oversized)
-        self.node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="hostile", tokenizer_fp=self.fp,
+        self.node = SwarmPeer(cfg, PeerInfo(mode="grpo", model_name="hostile", tokenizer_fp=self.fp,
                                             task_id=self.task.task_id), validate=None).start()
         self.swarm_id = swarm_id
         self.oversized = oversized
@@ -102,7 +102,7 @@ class Attacker:
     def _replay(self, round_: int) -> bytes:
         """The same completions every time (so the replay window sees copies), under a new round number."""
         from swarm_node.generation.base import Sample
-        from swarm_node.node.rollouts import LocalRollouts, score
+        from swarm_node.grpo.rollouts import LocalRollouts, score
         from swarm_node.protocol import encode_batch
 
         def sample(text: str) -> Sample:

@@ -39,12 +39,12 @@ from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 WORKER = r"""
 import json, os, sys, time
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
+from swarm_node.swarm import PeerInfo, SwarmPeer, keep_raw
 boot, out, go, round_s, nbytes, k, fanout, idx = sys.argv[1:9]
 round_s, nbytes, k, fanout = float(round_s), int(nbytes), int(k), int(fanout)
 cfg = SwarmConfig(enabled=True, swarm_id="scale", initial_peers=[boot], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                   max_peers_per_round=k, push_fanout=fanout, bootstrap_retries=10, bootstrap_timeout_s=60)
-node = SwarmNode(cfg, PeerInfo("grpo", f"synthetic-{idx}", "tok", "synthetic"), validate=keep_raw).start()
+node = SwarmPeer(cfg, PeerInfo("grpo", f"synthetic-{idx}", "tok", "synthetic"), validate=keep_raw).start()
 with open(out + ".ready", "w") as f:
     f.write(node.peer_id)
 rows, r, window = [], 0, None

@@ -28,7 +28,7 @@ import random
 import numpy as np
 
 from benchmarks.args import add_run_args, resolve_seeds, write_json
-from swarm_node.node.defences import NewcomerGate
+from swarm_node.grpo.defences import NewcomerGate
 from swarm_node.swarm.intake import Freshness, Intake, Offer
 
 

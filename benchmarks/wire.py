@@ -9,7 +9,7 @@ in msgpack, no log-probs; (c) swarm_node.protocol; beside them the batch's order
 empirical entropy of the completion ids plus that of the quantized log-probs, per token; a coder that
 sees each token alone cannot go below it, one that sees repeats can), and encode/decode speed.
 
-Part 2, the round. N SwarmNodes in this process (each with its hivemind DHT child and p2pd) on 127.0.0.1
+Part 2, the round. N SwarmPeers in this process (each with its hivemind DHT child and p2pd) on 127.0.0.1
 publish one preset batch per round and take up to K peers' batches, for R rounds after a warm-up. From
 each node's own counters, per node and round: payload bytes out (served) and in (downloaded), the blob
 transfer's framing (request, status byte, length and digest per download), control bytes out and in
@@ -166,9 +166,9 @@ def request_framing(round_: int) -> int:
 
 def swarm_traffic(batches: list[RolloutBatch], n_nodes: int, rounds: int, warmup: int, round_s: float,
                   k: int) -> dict:
-    """N real SwarmNodes on 127.0.0.1 exchange the preset batches; per node-round byte counts."""
+    """N real SwarmPeers on 127.0.0.1 exchange the preset batches; per node-round byte counts."""
     from swarm_node.config import SwarmConfig
-    from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
+    from swarm_node.swarm import PeerInfo, SwarmPeer, keep_raw
 
     first = batches[0]
     info = PeerInfo("grpo", first.model_name, first.tokenizer_fp, first.task_id)
@@ -177,10 +177,10 @@ def swarm_traffic(batches: list[RolloutBatch], n_nodes: int, rounds: int, warmup
         return SwarmConfig(enabled=True, swarm_id="wire-bench", initial_peers=peers, max_peers_per_round=k,
                            host_maddrs=["/ip4/127.0.0.1/tcp/0"], bootstrap_retries=5, bootstrap_timeout_s=60)
 
-    nodes = [SwarmNode(cfg([]), info, validate=keep_raw).start()]  # bytes are measured, not decoded
+    nodes = [SwarmPeer(cfg([]), info, validate=keep_raw).start()]  # bytes are measured, not decoded
     try:
         for _ in range(n_nodes - 1):
-            nodes.append(SwarmNode(cfg(nodes[0].visible_maddrs()), info, validate=keep_raw).start())
+            nodes.append(SwarmPeer(cfg(nodes[0].visible_maddrs()), info, validate=keep_raw).start())
         rows = []
         for r in range(1, warmup + rounds + 1):
             before = [n.stats() for n in nodes]

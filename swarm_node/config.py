@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from swarm_node.errors import ConfigError
 
 Variant = Literal["on_policy", "naive", "is", "tis", "filter", "ftis", "vis", "fvis"]  # training/ftis.py
-Graph = Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"]  # gossip/topology.py
+Graph = Literal["path", "ring", "star", "complete", "torus", "exponential", "erdos_renyi"]  # dpo/topology.py
 
 
 class _Section(BaseModel):
@@ -237,6 +237,9 @@ class DPOConfig(_Section):
     heldout_pairs: int = Field(256, ge=1, description="synthetic task: held-out pairs from the mixture of all users")
     compression: Literal["none", "float16", "uint8"] = Field(
         "float16", description="hivemind compression of parameter payloads; must be the same on every node")
+    max_payload_bytes: int = Field(64 * 2**20, ge=1024, description="refuse a neighbour's parameter payload "
+                                   "larger than this before reading it, and never publish one (~2 bytes per "
+                                   "trainable parameter with float16 compression, 1 with uint8, 4 with none)")
     gossip_deadline_s: float = Field(30.0, gt=0.0, description="wait this long for a neighbour's params, then re-weight without it")
     participants_per_round: int | None = Field(None, ge=1, description="federated: S sampled each round; None = all")
     federated_backend: Literal["allreduce", "published"] = Field(

@@ -1,6 +1,6 @@
 """A misbehaving swarm peer, for tests and benchmarks/attack.py (a test helper, not a product feature).
 
-It is a real process that joins a real hivemind swarm through the node's own swarm stack (SwarmNode:
+It is a real process that joins a real hivemind swarm through the node's own swarm stack (SwarmPeer:
 DHT child, p2pd, signed records, pushes and the blob handler) and builds its batches with the project's
 own encoders from samples of a real tiny model (a GRPONode with the swarm disabled), corrupting only what
 each attack needs. It follows the honest peers' round and runs its modes one after another, each for
@@ -90,7 +90,7 @@ class Forge:
         import torch
 
         from swarm_node.config import NodeConfig
-        from swarm_node.node.grpo_node import GRPONode
+        from swarm_node.grpo.round import GRPONode
 
         torch.set_num_threads(1)
         cfg = NodeConfig.model_validate({
@@ -141,12 +141,12 @@ class Forge:
                             vocab_size=n.loaded.vocab_size, groups=groups)
 
     def long_batch(self, r: int):
-        """The most compute a batch within the receiver's limits can cost it (node/limits.py ROOM x its own
+        """The most compute a batch within the receiver's limits can cost it (grpo/limits.py ROOM x its own
         round in each dimension; the receiver is assumed to run tiny-s's settings, as ours): every group G x
         ROOM completions of max_new_tokens x ROOM tokens, half the right answer and half a wrong one, padded
         with spaces (which the reward strips), with the model's own log-probs. Every check passes; only the
         token budget (admission.max_tokens_per_peer) stops it."""
-        from swarm_node.node.limits import ROOM
+        from swarm_node.grpo.limits import ROOM
         from swarm_node.protocol import Completion, Group, RolloutBatch
         from swarm_node.training.groups import TrainGroup
 
@@ -263,7 +263,7 @@ JUNK = [b"[]", b"null", b"1", b'"a"', b"{}", b'{"kind": "batch", "round": -1}', 
 class Adversary:
     def __init__(self, args) -> None:
         from swarm_node.config import SwarmConfig
-        from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
+        from swarm_node.swarm import PeerInfo, SwarmPeer, keep_raw
 
         self.args = args
         self.forge = Forge(args.model_dir, args.swarm_id, args.seed, args.prompts, Path(args.state_dir))
@@ -273,7 +273,7 @@ class Adversary:
                                max_batch_bytes=256 << 20)
         self.info = PeerInfo(mode="grpo", model_name="adversary", tokenizer_fp=n.loaded.tokenizer_fp,
                              task_id=n.task.task_id)
-        self.node = SwarmNode(self.cfg, self.info, validate=keep_raw).start()  # replays take honest bytes
+        self.node = SwarmPeer(self.cfg, self.info, validate=keep_raw).start()  # replays take honest bytes
         self.sybils: list = []
         self.stallers = None  # tests/tooling/stallers.Stallers while stall_announce runs
         self.newest = 0  # newest round we announced a batch for
@@ -475,12 +475,12 @@ class Adversary:
         return await Stallers(self.args.stallers, size=STALLER_BYTES).start(maddrs)
 
     def start_sybils(self) -> None:
-        from swarm_node.swarm import PeerInfo, SwarmNode
+        from swarm_node.swarm import PeerInfo, SwarmPeer
 
         while len(self.sybils) < self.args.sybils:
             info = PeerInfo(mode="grpo", model_name="sybil", tokenizer_fp=self.info.tokenizer_fp,
                             task_id=self.info.task_id)
-            self.sybils.append(SwarmNode(self.cfg, info, validate=None).start())  # they only publish
+            self.sybils.append(SwarmPeer(self.cfg, info, validate=None).start())  # they only publish
 
     def end_mode(self, mode: str) -> None:
         if mode == "sybil":

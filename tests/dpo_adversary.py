@@ -24,7 +24,7 @@ its neighbours corrupted parameters of the right shapes, finite, through the rea
 
 In process (the benchmark, tests): `HostileNeighbour(mode).send(view)` gives the tensors for each recipient.
 As a process (a multi-process test) it joins a real swarm as a DPO peer through the node's own stack
-(DPONode.join_swarm: SwarmNode, signed records, the blob handler), follows its ring neighbours' rounds by
+(DPONode.join_swarm: SwarmPeer, signed records, the blob handler), follows its ring neighbours' rounds by
 fetching their parameters, and publishes its corrupted ones for the same round:
 
     python tests/dpo_adversary.py --model-dir DIR --maddr MADDR --swarm-id S --mode scaled --rounds N --out F
@@ -197,10 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     from swarm_node.config import load_config
-    from swarm_node.gossip.exchange import plan_round
-    from swarm_node.gossip.payload import PayloadError, decode_params, encode_params
-    from swarm_node.gossip.vectors import get_params
-    from swarm_node.node.dpo_node import DPONode
+    from swarm_node.dpo.neighbours import plan_round
+    from swarm_node.dpo.round import DPONode
+    from swarm_node.dpo.vectors import get_params
+    from swarm_node.swarm.averaging.payload import PayloadError, decode_params, encode_params
 
     args = _parse(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s adversary %(levelname)s %(message)s")
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(None, sets)
     node = DPONode(cfg, Path(args.state_dir or tempfile.mkdtemp(prefix="dpo-adversary-")))
     node.join_swarm()
-    ex, d = node.exchange, cfg.dpo
+    ex, d = node.neighbourhood, cfg.dpo
     hostile = HostileNeighbour(args.mode, args.seed)
     initial = get_params(node.model)
     report: dict = {"peer_id": ex.self_id, "mode": args.mode, "rounds": []}

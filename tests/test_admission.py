@@ -1,4 +1,4 @@
-"""The admission stage (node/admission.py): a round's received batches -> groups to train on + rejections.
+"""The admission stage (grpo/admission.py): a round's received batches -> groups to train on + rejections.
 
 In-process, on the real codec, tokenizer and task. Our "model" here is the sampler itself (`recompute`
 returns the log-probs a batch claims unless told otherwise), so an honest batch passes both audits and a
@@ -15,12 +15,12 @@ import pytest
 
 from swarm_node.config import NodeConfig
 from swarm_node.generation.base import Sample
+from swarm_node.grpo.admission import Admission, check_payload, payload_check
+from swarm_node.grpo.rollouts import Expectations, LocalRollouts, score
+from swarm_node.grpo.round import receive_limits
 from swarm_node.models.factory import build_tokenizer
 from swarm_node.models.loading import tokenizer_fingerprint
 from swarm_node.node import reasons
-from swarm_node.node.admission import Admission, check_payload, payload_check
-from swarm_node.node.grpo_node import receive_limits
-from swarm_node.node.rollouts import Expectations, LocalRollouts, score
 from swarm_node.protocol import RolloutBatch, encode_batch
 from swarm_node.swarm import MemberRecord, Offer, PayloadRefused, Received
 from swarm_node.tasks.arithmetic import ArithmeticTask
@@ -110,8 +110,8 @@ def test_one_call_admits_the_honest_batch_and_counts_every_refusal_by_its_reason
     assert out.groups_by_peer["honest"[-8:] + ":tiny"] == 4
     assert out.batch_ages_s == [1.5] and out.version_lags == [0]
     # only the honest batch passed everything: it is one round closer to being established, the others are not
-    assert adm.newcomers._passed.get("honest") == {ROUND}
-    assert "liar" not in adm.newcomers._passed and "replayer" not in adm.newcomers._passed
+    assert adm.newcomers.rounds_passed("honest") == {ROUND}
+    assert adm.newcomers.rounds_passed("liar") == adm.newcomers.rounds_passed("replayer") == frozenset()
     # and its verified volume, which weighs its draw for the established slots, is what it carried through
     assert adm.newcomers.volume("honest") == sum(len(g.completions) for g in out.groups) == 16
     assert adm.newcomers.volume("liar") == 0.0
@@ -224,7 +224,7 @@ def test_whom_we_download_from(tok):
 
 
 def test_the_download_rank_puts_established_peers_first(tok):
-    """The rank a GRPO node gives the swarm for its download slots (SwarmNode(rank=...)): a stranger is 1
+    """The rank a GRPO node gives the swarm for its download slots (SwarmPeer(rank=...)): a stranger is 1
     until its batches passed every check in established_after rounds, then 0; a peer that only announced
     (its download never delivered) stays 1."""
     adm = _admission(tok, task)

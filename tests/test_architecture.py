@@ -7,7 +7,9 @@ together.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 import grimp
 import pytest
@@ -84,3 +86,33 @@ def test_import_contracts_are_kept(monkeypatch: pytest.MonkeyPatch, capsys: pyte
     code = lint_imports(config_filename=str(ROOT / "pyproject.toml"), no_cache=True, no_logo=True)
     out = capsys.readouterr().out
     assert code == 0, out
+
+
+def _contract(name_start: str) -> Any:
+    """One contract of pyproject.toml, built as lint-imports builds it."""
+    from importlinter.application.use_cases import _normalize_user_options, read_user_options
+    from importlinter.contracts.forbidden import ForbiddenContract
+    from importlinter.contracts.layers import LayersContract
+
+    options = _normalize_user_options(read_user_options(str(ROOT / "pyproject.toml")))
+    [found] = [c for c in options.contracts_options if c["name"].startswith(name_start)]
+    kind = {"forbidden": ForbiddenContract, "layers": LayersContract}[found["type"]]
+    return kind(found["name"], options.session_options, found)
+
+
+def test_the_network_room_contract_fails_when_another_package_imports_hivemind() -> None:
+    """Only swarm_node.swarm imports hivemind: the contract holds on the package as it is, and one
+    `import hivemind` anywhere else (a lazy one in the DPO round, as the old all-reduce had) breaks it."""
+    graph = grimp.build_graph("swarm_node", include_external_packages=True, cache_dir=None)
+    contract = _contract("one network room")
+    assert contract.check(copy.deepcopy(graph), verbose=False).kept
+    for importer in ("swarm_node.dpo.round", "swarm_node.node.loop", "swarm_node.training.ftis"):
+        broken = copy.deepcopy(graph)
+        broken.add_import(importer=importer, imported="hivemind", line_number=1, line_contents="import hivemind")
+        check = contract.check(broken, verbose=False)
+        assert not check.kept, importer
+    # ... and so does a torch import in the swarm layer outside its DPO parameter averaging
+    contract = _contract("the network layer moves opaque bytes")
+    assert contract.check(copy.deepcopy(graph), verbose=False).kept
+    graph.add_import(importer="swarm_node.swarm.receiver", imported="torch", line_number=1, line_contents="import torch")
+    assert not contract.check(graph, verbose=False).kept

@@ -22,8 +22,9 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.proto import averaging_pb2
 
 from swarm_node.config import DPOConfig, SwarmConfig
-from swarm_node.gossip.allreduce import AllReduce, group_members, group_settings
-from swarm_node.gossip.checked_averager import CheckedAverager
+from swarm_node.dpo.mixing import allreduce_result
+from swarm_node.swarm.averaging.allreduce import AllReduce, group_members, group_settings
+from swarm_node.swarm.averaging.checked_averager import CheckedAverager
 
 SIZE = 1000
 
@@ -135,7 +136,7 @@ def test_a_frozen_groupmate_costs_the_node_one_round_not_its_run() -> None:
     node._ensure(2)  # hivemind starts its process from the main thread only
     out: list[Any] = []
     frozen_step = frozen.step(gather="peer1", timeout=20, allow_retries=False, wait=False)
-    worker = threading.Thread(target=lambda: out.append(node.average(own, ["peer0", "peer1"], "peer0")),
+    worker = threading.Thread(target=lambda: out.append(allreduce_result(node, own, ["peer0", "peer1"], "peer0")),
                               daemon=True)
     worker.start()
     worker.join(60)

@@ -248,11 +248,11 @@ def test_node_listening_on_the_bootstrap_port_is_refused(bootstrap, tmp_path, ca
 @pytest.mark.slow
 def test_status_without_swarm_finds_the_demo_swarm_and_says_where_it_looked(bootstrap, capsys):
     from swarm_node.config import SwarmConfig
-    from swarm_node.swarm import PeerInfo, SwarmNode
+    from swarm_node.swarm import PeerInfo, SwarmPeer
 
     cfg = SwarmConfig(enabled=True, swarm_id="demo", initial_peers=bootstrap["maddrs"],
                       host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-    with SwarmNode(cfg, PeerInfo(mode="grpo", model_name="probe-model", tokenizer_fp="fp", task_id="t"),
+    with SwarmPeer(cfg, PeerInfo(mode="grpo", model_name="probe-model", tokenizer_fp="fp", task_id="t"),
                    validate=None) as node:
         end = time.monotonic() + 30
         out = ""

@@ -316,7 +316,7 @@ def test_healthcheck_and_status_wait_against_a_real_bootstrap(tmp_path):
     from hivemind.p2p import P2P
 
     from swarm_node.config import SwarmConfig
-    from swarm_node.swarm import PeerInfo, SwarmNode
+    from swarm_node.swarm import PeerInfo, SwarmPeer
 
     env = _shims(tmp_path)
     addrs = tmp_path / "swarm" / "bootstrap.maddrs"
@@ -345,7 +345,7 @@ def test_healthcheck_and_status_wait_against_a_real_bootstrap(tmp_path):
         ident = tmp_path / "node.key"
         cfg = SwarmConfig(enabled=True, swarm_id="hc", initial_peers=addrs.read_text().split(),
                           host_maddrs=["/ip4/127.0.0.1/tcp/0"], identity_path=str(ident), heartbeat_s=1.0)
-        node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="tiny-s", tokenizer_fp="t", task_id="x"), validate=None).start()
+        node = SwarmPeer(cfg, PeerInfo(mode="grpo", model_name="tiny-s", tokenizer_fp="t", task_id="x"), validate=None).start()
         listed = _health(env, **base, SWARM_NODE_IDENTITY=str(ident))
         assert listed.returncode == 0 and node.peer_id in listed.stdout, listed.stdout + listed.stderr
         out, err = waiter.communicate(timeout=240)

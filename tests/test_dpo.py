@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from swarm_node import gossip as A
+from swarm_node import dpo as A
+from swarm_node.dpo import topology as T
 from swarm_node.errors import UserFacingError
-from swarm_node.gossip import payload
-from swarm_node.gossip import topology as T
+from swarm_node.swarm.averaging import payload
 from swarm_node.tasks.preferences import PreferencePair, SyntheticPreferences, load_preference_file, split_hh
 from swarm_node.training.dpo import (
     DPOTrainer,
@@ -326,7 +326,7 @@ def test_averaging_beats_local_training_on_the_mixture(tok) -> None:
 def test_run_dpo_node_alone_writes_metrics(tok, tmp_path) -> None:
     """No swarm: the same loop runs local DPO only and writes one metrics line per round."""
     from swarm_node.config import load_config
-    from swarm_node.node.dpo_node import run_dpo_node
+    from swarm_node.dpo.round import run_dpo_node
 
     model_dir = tmp_path / "model"
     tiny_model(tok).save_pretrained(model_dir)
@@ -355,7 +355,7 @@ def test_sigterm_at_any_point_ends_on_an_evaluated_round(tok, tmp_path, monkeypa
     import signal
 
     from swarm_node.config import load_config
-    from swarm_node.node import dpo_node
+    from swarm_node.dpo import round as dpo_round
     from swarm_node.node.metrics import MetricsWriter
 
     model_dir = tmp_path / "model"
@@ -364,7 +364,7 @@ def test_sigterm_at_any_point_ends_on_an_evaluated_round(tok, tmp_path, monkeypa
     cfg = load_config(None, ["mode=dpo", f"model.path={model_dir}", "dpo.pairs_per_user=16",
                              "dpo.heldout_pairs=16", "metrics.eval_every=100"])
     assert cfg.rounds is None  # only the signal ends this run
-    hook_round = dpo_node.DPONode.run_round if when == "during_round" else MetricsWriter.write
+    hook_round = dpo_round.DPONode.run_round if when == "during_round" else MetricsWriter.write
 
     def signalling(self, *args, **kwargs):
         if when == "during_round" and self.last_round + 1 == 1:  # while round 1 runs
@@ -374,10 +374,10 @@ def test_sigterm_at_any_point_ends_on_an_evaluated_round(tok, tmp_path, monkeypa
             os.kill(os.getpid(), signal.SIGTERM)
         return out
 
-    monkeypatch.setattr(dpo_node.DPONode if when == "during_round" else MetricsWriter,
+    monkeypatch.setattr(dpo_round.DPONode if when == "during_round" else MetricsWriter,
                         "run_round" if when == "during_round" else "write", signalling)
     handler_before = signal.getsignal(signal.SIGTERM)
-    assert dpo_node.run_dpo_node(cfg, tmp_path / "state", log_level="warning") == 0
+    assert dpo_round.run_dpo_node(cfg, tmp_path / "state", log_level="warning") == 0
     assert signal.getsignal(signal.SIGTERM) is handler_before  # the caller's handler is back
     rows = [json.loads(line) for line in (tmp_path / "state" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == ([0, 1] if when == "during_round" else [0, 1, 2])

@@ -1,4 +1,4 @@
-"""Routing the gossip graph around a missing or refused neighbour (gossip/bypass.py), and its use by DPONode."""
+"""Routing the gossip graph around a missing or refused neighbour (dpo/bypass.py), and its use by DPONode."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from swarm_node import gossip as A
+from swarm_node import dpo as A
 from swarm_node.config import DPOConfig, load_config
-from swarm_node.gossip import bypass
-from swarm_node.gossip import topology as T
-from swarm_node.gossip.bypass import Bypass
-from swarm_node.gossip.robust import RobustAverager
+from swarm_node.dpo import bypass
+from swarm_node.dpo import topology as T
+from swarm_node.dpo.bypass import Bypass
+from swarm_node.dpo.robust import RobustAverager
 from tests.dpo_adversary import HostileNeighbour, View, recipient
 from tests.tooling.dpo_swarm import FakeDPOSwarm
 
@@ -119,9 +119,9 @@ def tok():
 def _rounds_of_a_dpo_node(tok, tmp_path, peers: list[str], serve, rounds: int, *sets: str) -> list[dict]:
     """`rounds` rounds of a real DPONode (a tiny Llama, `sets` on top of the DPO defaults) among `peers`
     (FakeDPOSwarm; our id is "me"), whose payload fetches `serve(peer, round, our_payload)` answers."""
-    from swarm_node.gossip.exchange import GossipExchange
+    from swarm_node.dpo.neighbours import Neighbourhood
+    from swarm_node.dpo.round import DPONode
     from swarm_node.models.factory import Preset, build_model
-    from swarm_node.node.dpo_node import DPONode
 
     torch.set_num_threads(1)
     pre = Preset("llama", hidden=32, layers=2, heads=2, kv_heads=2, intermediate=64, lr_full=1e-3, lr_lora=1e-3)
@@ -133,7 +133,7 @@ def _rounds_of_a_dpo_node(tok, tmp_path, peers: list[str], serve, rounds: int, *
     try:
         payload = A.encode_params(A.get_params(node.model), node.arch_fp, cfg.dpo.compression)
         swarm = FakeDPOSwarm(node.arch_fp, peers, lambda peer, r: serve(peer, r, payload))
-        node.exchange = GossipExchange(cfg.dpo, swarm, node.arch_fp)
+        node.neighbourhood = Neighbourhood(cfg.dpo, swarm, node.arch_fp)
         return [node.run_round(evaluate=lambda: False) for _ in range(rounds)]
     finally:
         node.metrics.close()

@@ -323,7 +323,7 @@ def test_honest_ring_nodes_refuse_a_real_hostile_neighbour(tmp_path: Path, model
     for rows in beside:
         _refused_in_nearly_every_attacked_round(rows, bad)
         # its honest neighbour every round and, once it has been refused dpo.bypass_after (3) rounds in a row,
-        # the adversary's other neighbour too: the ring closes around it (gossip/bypass.py)
+        # the adversary's other neighbour too: the ring closes around it (dpo/bypass.py)
         around = [r for r in rows if r["routed_around"] == [bad["peer_id"]]]
         assert len(around) >= 0.7 * rounds, [(r["round"], r["routed_around"], r["neighbours"]) for r in rows]
         other = next(o for o in beside if o is not rows)[0]["peer_id"]

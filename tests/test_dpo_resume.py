@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from swarm_node.config import load_config
-from swarm_node.node import dpo_node
-from swarm_node.node.dpo_node import DPONode, run_dpo_node
+from swarm_node.dpo import round as dpo_round
+from swarm_node.dpo.round import DPONode, run_dpo_node
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +102,13 @@ def test_sigterm_mid_round_then_restart_continues_at_the_next_round(model_dir: P
             os.kill(os.getpid(), signal.SIGTERM)
         return real_round(self, *args, **kwargs)
 
-    monkeypatch.setattr(dpo_node.DPONode, "run_round", signalling)
+    monkeypatch.setattr(dpo_round.DPONode, "run_round", signalling)
     assert run_dpo_node(_cfg(model_dir, None), state, log_level="warning") == 0
     assert [r["round"] for r in _rows(state)] == [0, 1]
-    monkeypatch.setattr(dpo_node.DPONode, "run_round", real_round)
+    monkeypatch.setattr(dpo_round.DPONode, "run_round", real_round)
     node = _resumed_node(model_dir, state, 4)
     assert node.last_round == 1  # continues at round 2
-    from swarm_node.gossip.vectors import get_params, params_digest
+    from swarm_node.dpo.vectors import get_params, params_digest
 
     assert params_digest(get_params(node.model)) == _rows(state)[-1]["params_digest"]  # what round 1 ended with
     assert run_dpo_node(_cfg(model_dir, 4), state, log_level="warning") == 0
@@ -128,14 +128,14 @@ def test_a_rows_refused_parameters_are_that_rounds_own(model_dir: Path, tmp_path
     """A neighbour whose parameter payload is junk in rounds 0 and 1 and good in round 2: each row counts only
     its round's refusals, under the registry's `params:` family (they were running totals, unprefixed)."""
     node = DPONode(_cfg(model_dir, 3, "dpo.averaging=gossip", "dpo.topology=ring"), tmp_path / "s")
-    me = node.exchange.self_id
-    from swarm_node.gossip.payload import encode_params
-    from swarm_node.gossip.vectors import get_params
+    me = node.neighbourhood.self_id
+    from swarm_node.dpo.vectors import get_params
+    from swarm_node.swarm.averaging.payload import encode_params
 
     good = encode_params(get_params(node.model), node.arch_fp, node.cfg.dpo.compression)
     sent = {0: b"\xff" * 256, 1: b"\x00" * 3, 2: good}
-    monkeypatch.setattr(node.exchange, "peers", lambda: sorted([me, "neighbour"]))
-    monkeypatch.setattr(node.exchange, "fetch_all", lambda to_fetch, r: {p: sent[r] for p in to_fetch})
+    monkeypatch.setattr(node.neighbourhood, "peers", lambda: sorted([me, "neighbour"]))
+    monkeypatch.setattr(node.neighbourhood, "fetch_all", lambda to_fetch, r: {p: sent[r] for p in to_fetch})
     rows = [node.run_round(evaluate=lambda: False) for _ in range(3)]
     assert [r["rejected"] for r in rows] == [{"params:bad_header": 1}, {"params:truncated": 1}, {}]
     assert [r["missing_neighbours"] for r in rows] == [["neighbour"], ["neighbour"], []]

@@ -1,4 +1,4 @@
-"""Robust DPO averaging (gossip/robust.py) against hostile neighbours, through the real codec and gossip_step.
+"""Robust DPO averaging (dpo/robust.py) against hostile neighbours, through the real codec and gossip_step.
 
 Parameter-space tests first (no model: fast), then one swarm of tiny models that learns beside a hostile
 neighbour (tests/dpo_adversary.py) with the robust rule and does not with plain averaging.
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from swarm_node import gossip as A
+from swarm_node import dpo as A
 from swarm_node.config import DPOConfig, load_config
+from swarm_node.dpo import robust as R
+from swarm_node.dpo import topology as T
 from swarm_node.errors import ConfigError
-from swarm_node.gossip import robust as R
-from swarm_node.gossip import topology as T
-from swarm_node.gossip.reasons import PARAM_REASONS
+from swarm_node.swarm.averaging.reasons import PARAM_REASONS
 from tests.tooling.dpo_swarm import FakeDPOSwarm
 
 FP = "r" * 16
@@ -72,7 +72,7 @@ def test_every_refusal_reason_is_registered_and_exported() -> None:
     from swarm_node.node import reasons
 
     raised = set()
-    for f in (ROOT / "swarm_node" / "gossip").glob("*.py"):
+    for f in [*(ROOT / "swarm_node" / "swarm" / "averaging").glob("*.py"), *(ROOT / "swarm_node" / "dpo").glob("*.py")]:
         raised |= set(re.findall(r'PayloadError\(\s*"(\w+)"', f.read_text()))
     assert {"norm_outlier", "replayed", "not_finite", "wrong_shape", "bad_encoding"} <= raised
     assert raised <= set(PARAM_REASONS), raised - set(PARAM_REASONS)
@@ -422,9 +422,9 @@ def test_a_swarm_learns_beside_a_scaling_neighbour_only_with_robust_averaging(to
 def test_the_dpo_node_averages_through_the_robust_rule(tok, tmp_path, aggregation: str) -> None:
     """DPONode.run_round with its one neighbour sending our parameters x 1e3: the default rule refuses it
     from round 0 (counted in the row; the node's own first update gives the scale), plain averaging takes it."""
-    from swarm_node.gossip.exchange import GossipExchange
+    from swarm_node.dpo.neighbours import Neighbourhood
+    from swarm_node.dpo.round import DPONode
     from swarm_node.models.factory import Preset, build_model
-    from swarm_node.node.dpo_node import DPONode
 
     torch.set_num_threads(1)
     pre = Preset("llama", hidden=32, layers=2, heads=2, kv_heads=2, intermediate=64, lr_full=1e-3, lr_lora=1e-3)
@@ -437,7 +437,7 @@ def test_the_dpo_node_averages_through_the_robust_rule(tok, tmp_path, aggregatio
         bad = [t * 1e3 for t in A.get_params(node.model)]
         payloads = {r: A.encode_params([t + 0.01 * r for t in bad], node.arch_fp, "float16") for r in range(2)}
         swarm = FakeDPOSwarm(node.arch_fp, ["them"], lambda peer, r: payloads.get(r))
-        node.exchange = GossipExchange(cfg.dpo, swarm, node.arch_fp)
+        node.neighbourhood = Neighbourhood(cfg.dpo, swarm, node.arch_fp)
         rows = [node.run_round(evaluate=lambda: False) for _ in range(2)]
     finally:
         node.metrics.close()

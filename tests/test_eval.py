@@ -131,7 +131,7 @@ def test_a_state_dir_is_scored_in_the_prompt_form_its_node_trained_in(model_dir,
     STATE_DIR` then poses the same problems the same way (plain text) without being told."""
     from swarm_node.cli import main
     from swarm_node.config import NodeConfig
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
 
     cfg = NodeConfig.model_validate({"model": {"path": str(model_dir)}, "task": {"prompt_form": "fewshot",
                                      "max_operand": 20, "eval_n": 6}, "generation": {"max_new_tokens": 4}})

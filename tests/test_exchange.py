@@ -134,7 +134,7 @@ def test_lockstep_min_round_keeps_older_batches():
     assert intake.count_ready(min_round=3) == 1
 
 
-# ---- the same rules through real pushes between two SwarmNodes on 127.0.0.1 ----
+# ---- the same rules through real pushes between two SwarmPeers on 127.0.0.1 ----
 
 
 def _wait(pred, timeout=30.0):
@@ -155,12 +155,12 @@ def test_pushed_batches_future_and_stale_refused_fresh_taken():
     import time
 
     from swarm_node.config import SwarmConfig
-    from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
+    from swarm_node.swarm import PeerInfo, SwarmPeer, keep_raw
 
     info = PeerInfo(mode="grpo", model_name="m", tokenizer_fp="tok", task_id="t")
     base = dict(enabled=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, bootstrap_retries=1)
-    a = SwarmNode(SwarmConfig(**base), info, validate=keep_raw).start()
-    b = SwarmNode(SwarmConfig(**base, initial_peers=a.visible_maddrs()), info, validate=keep_raw).start()
+    a = SwarmPeer(SwarmConfig(**base), info, validate=keep_raw).start()
+    b = SwarmPeer(SwarmConfig(**base, initial_peers=a.visible_maddrs()), info, validate=keep_raw).start()
     try:
         assert _wait(lambda: b.peer_id in a.view)  # a reads membership at its heartbeat
         a.publish("batch", 10**12, os.urandom(500))  # a round from the future (docs/security.md)
@@ -192,7 +192,7 @@ def test_batches_are_decoded_off_the_round_loop():
     import threading
 
     from swarm_node.config import SwarmConfig
-    from swarm_node.swarm import PayloadRefused, PeerInfo, SwarmNode
+    from swarm_node.swarm import PayloadRefused, PeerInfo, SwarmPeer
 
     started, release, finished = threading.Event(), threading.Event(), threading.Event()
     threads = []
@@ -210,8 +210,8 @@ def test_batches_are_decoded_off_the_round_loop():
 
     info = PeerInfo(mode="grpo", model_name="m", tokenizer_fp="tok", task_id="t")
     base = dict(enabled=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, bootstrap_retries=1)
-    a = SwarmNode(SwarmConfig(**base), info, validate=None).start()  # publishes only
-    b = SwarmNode(SwarmConfig(**base, initial_peers=a.visible_maddrs()), info, validate=slow_validator).start()
+    a = SwarmPeer(SwarmConfig(**base), info, validate=None).start()  # publishes only
+    b = SwarmPeer(SwarmConfig(**base, initial_peers=a.visible_maddrs()), info, validate=slow_validator).start()
     try:
         assert _wait(lambda: b.peer_id in a.view)
         a.publish("batch", 3, os.urandom(700))

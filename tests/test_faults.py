@@ -104,7 +104,7 @@ def _check_resumes(peer: Peer, ck_round: int, next_round: int, rounds: int) -> N
 
 
 def test_sigterm_inside_the_grpo_training_step(presets: Path, tmp_path: Path) -> None:
-    """A GRPO node signalled while GRPOTrainer.step runs finishes that step and round, checkpoints it, exits 0,
+    """A GRPO node signalled while FTISTrainer.step runs finishes that step and round, checkpoints it, exits 0,
     and the checkpoint resumes at the next round."""
     ov = {"rounds": None, "swarm.enabled": False, "task.prompts_per_round": 16, "task.eval_n": 20,
           "generation.num_generations": 8, "generation.max_new_tokens": 16, "training.steps_per_round": 6,
@@ -144,8 +144,8 @@ def test_disk_full_while_checkpointing_keeps_the_node_training(presets: Path, tm
     it (torch's own error does not say "disk full": the line adds the free space), keeps training, exits 1 with a clear line when its final checkpoint cannot be written either, never
     leaves a partial checkpoint, and the round-1 checkpoint still resumes."""
     from swarm_node.config import load_config
+    from swarm_node.grpo.round import GRPONode
     from swarm_node.node.checkpoint import list_checkpoints
-    from swarm_node.node.grpo_node import GRPONode
 
     state = tmp_path / "disk"
     if not mount_tmpfs(state, "6m"):
@@ -327,14 +327,14 @@ def test_sigkill_then_a_torn_checkpoint_resumes_from_the_newest_readable_and_los
 
 VICTIM = '''
 """A peer whose upload is slow (16 KiB chunks, 0.1 s apart): it announces one 240 kB batch to the swarm (under
-the ~250 kB an honest tiny-s node of 4 prompts downloads: node/limits.py) and writes the number of body chunks
+the ~250 kB an honest tiny-s node of 4 prompts downloads: grpo/limits.py) and writes the number of body chunks
 sent to `marker`, so the test can SIGKILL it mid-transfer."""
 import asyncio, os, sys, time
 from pathlib import Path
 from transformers import AutoTokenizer
 from swarm_node.config import SwarmConfig
 from swarm_node.models.loading import tokenizer_fingerprint
-from swarm_node.swarm import PeerInfo, SwarmNode
+from swarm_node.swarm import PeerInfo, SwarmPeer
 from swarm_node.swarm import transfer
 from swarm_node.tasks.arithmetic import ArithmeticTask
 
@@ -357,7 +357,7 @@ tok = AutoTokenizer.from_pretrained(model_dir)
 task = ArithmeticTask()
 cfg = SwarmConfig(enabled=True, swarm_id=swarm_id, initial_peers=[maddr], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                   heartbeat_s=1.0, record_ttl_s=8.0)
-node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="victim", tokenizer_fp=tokenizer_fingerprint(tok),
+node = SwarmPeer(cfg, PeerInfo(mode="grpo", model_name="victim", tokenizer_fp=tokenizer_fingerprint(tok),
                                task_id=task.task_id), validate=None).start()
 blob = os.urandom(240_000)
 while True:
@@ -443,7 +443,7 @@ def test_sigkill_of_a_peer_mid_transfer_costs_the_downloader_no_round(presets: P
 
 @pytest.mark.timeout(300)
 def test_dpo_neighbours_get_every_next_round_of_a_node_whose_dht_child_is_killed() -> None:
-    """4 SwarmNodes in DPO rounds on a ring (tests/tooling/dpo_ring.py: the DPO demo's swarm settings, fast
+    """4 SwarmPeers in DPO rounds on a ring (tests/tooling/dpo_ring.py: the DPO demo's swarm settings, fast
     local steps); node 0's DHT child is SIGKILLed 4 times. Before, its failed member reads answered
     "nobody", so it ran rounds alone, ahead of its neighbours, and the round they asked it for next was no
     longer kept (4 of 10 kills lost a round at both neighbours; benchmarks/dht_recovery.py --exchange dpo).

@@ -58,7 +58,7 @@ def test_the_params_fuzzer_frames_follow_the_codecs_real_layout() -> None:
     import numpy as np
     import torch
 
-    from swarm_node.gossip.payload import MAGIC, VERSION, encode_params
+    from swarm_node.swarm.averaging.payload import MAGIC, VERSION, encode_params
     from tests.tooling import params_fuzz as gf
 
     tensors = [torch.ones(3, 4), torch.zeros(5)]

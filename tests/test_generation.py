@@ -407,8 +407,8 @@ def test_node_samples_evaluates_and_admits_with_the_chat_template(loaded, tmp_pa
     """A node whose tokenizer has a chat template samples from templated prompts, and admits a peer's group
     only if its prompt ids were made the same way."""
     from swarm_node.config import NodeConfig
-    from swarm_node.node.grpo_node import GRPONode
-    from swarm_node.node.rollouts import peer_groups
+    from swarm_node.grpo.rollouts import peer_groups
+    from swarm_node.grpo.round import GRPONode
 
     tok = copy.deepcopy(loaded.tokenizer)
     tok.chat_template = TEMPLATE
@@ -440,8 +440,8 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_step(loaded, lora)
     from swarm_node.config import LoraConfig as CfgLora
     from swarm_node.config import TrainingConfig
     from swarm_node.models.loading import decoder_layers, wrap_lora
+    from swarm_node.training.ftis_step import FTISTrainer
     from swarm_node.training.groups import TrainGroup
-    from swarm_node.training.grpo_step import GRPOTrainer
 
     rng = np.random.default_rng(0)
     groups = [TrainGroup(prompt_ids=np.arange(3, 9), completions=[rng.integers(3, 90, 5) for _ in range(4)],
@@ -459,9 +459,9 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_step(loaded, lora)
                         p.normal_(0, 0.1)
         model.train()
         layers = decoder_layers(model) if ckpt else ()
-        trainer = GRPOTrainer(model, TrainingConfig(variant="on_policy", lr=1e-3), loaded.tokenizer.pad_token_id,
+        trainer = FTISTrainer(model, TrainingConfig(variant="on_policy", lr=1e-3), loaded.tokenizer.pad_token_id,
                               checkpoint_layers=layers)
-        assert trainer._can_share_prompts()  # the 4 completions share one prompt forward either way
+        assert trainer.shares_prompts()  # the 4 completions share one prompt forward either way
         trainer.accumulate_gradients(trainer.prepare(groups))
         if ckpt:
             n_layers = loaded.model.config.num_hidden_layers

@@ -1,4 +1,4 @@
-"""GRPOTrainer on a tiny random Llama: log-prob recompute with padding, sign, micro-batching, LoRA."""
+"""FTISTrainer on a tiny random Llama: log-prob recompute with padding, sign, micro-batching, LoRA."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from swarm_node.config import TrainingConfig
 from swarm_node.training.ftis import group_advantages
+from swarm_node.training.ftis_step import FTISTrainer
 from swarm_node.training.groups import TrainGroup
-from swarm_node.training.grpo_step import GRPOTrainer
 
 VOCAB, PAD = 32, 0
 
@@ -42,7 +42,7 @@ def random_group(rng, g=4, source="local", prompt_len=None, rewards=None) -> Tra
     )
 
 
-def with_behaviour(trainer: GRPOTrainer, groups, shift: float = 0.0, noise: float = 0.0, seed: int = 0):
+def with_behaviour(trainer: FTISTrainer, groups, shift: float = 0.0, noise: float = 0.0, seed: int = 0):
     """Set behaviour log-probs to the model's own (on-policy), optionally perturbed (off-policy)."""
     rng = np.random.default_rng(seed)
     for g, lps in zip(groups, trainer.completion_logprobs(groups), strict=True):
@@ -65,7 +65,7 @@ def test_micro_batched_logprobs_match_unbatched_forward():
     model = tiny_llama()
     rng = np.random.default_rng(0)
     groups = [random_group(rng) for _ in range(4)]
-    trainer = GRPOTrainer(model, TrainingConfig(micro_batch_size=3, lr=1e-3), PAD, "cpu")
+    trainer = FTISTrainer(model, TrainingConfig(micro_batch_size=3, lr=1e-3), PAD, "cpu")
     got = trainer.completion_logprobs(groups)
     for g, lps in zip(groups, got, strict=True):
         for c, lp in zip(g.completions, lps, strict=True):
@@ -95,9 +95,7 @@ def test_output_head_runs_on_completion_positions_only(share):
     groups = [random_group(rng, prompt_len=n) for n in (2, 9, 5)]
     cmax = max(len(c) for g in groups for c in g.completions)
     for model in (tiny_llama(4), get_peft_model(tiny_llama(4), LoraConfig(r=2, target_modules=["q_proj"]))):
-        trainer = GRPOTrainer(model, TrainingConfig(micro_batch_size=12, lr=1e-3), PAD, "cpu")
-        if not share:
-            trainer._can_share_prompts = lambda: False
+        trainer = FTISTrainer(model, TrainingConfig(micro_batch_size=12, lr=1e-3), PAD, "cpu", share_prompts=share)
         got, seen = head_rows(model, lambda t=trainer: t.completion_logprobs(groups))
         tokens = sum(len(c) for g in groups for c in g.completions)
         assert cmax * 12 > tokens  # padding exists, and the head must not see it
@@ -118,9 +116,7 @@ def test_one_forward_per_prompt_gives_the_same_gradient():
         grads = []
         for share in (True, False):
             model = make()
-            trainer = GRPOTrainer(model, TrainingConfig(micro_batch_size=5, lr=1e-3), PAD, "cpu")
-            if not share:
-                trainer._can_share_prompts = lambda: False
+            trainer = FTISTrainer(model, TrainingConfig(micro_batch_size=5, lr=1e-3), PAD, "cpu", share_prompts=share)
             with_behaviour(trainer, groups, shift=-0.1)
             trainer.accumulate_gradients(trainer.prepare(groups))
             grads.append(torch.cat([p.grad.flatten() for p in trainer.params]))
@@ -131,7 +127,7 @@ def test_one_forward_per_prompt_gives_the_same_gradient():
 def test_a_prefix_shared_by_all_prompts_runs_once_with_the_same_gradient():
     """Prompts behind one long common prefix (a chat template's system turn): the prefix is one forward of its
     own, and the log-probs and the gradient equal one whole forward per sequence."""
-    from swarm_node.training.grpo_step import MIN_SHARED_PREFIX
+    from swarm_node.training.ftis_step import MIN_SHARED_PREFIX
 
     rng = np.random.default_rng(8)
     prefix = rng.integers(1, VOCAB, size=MIN_SHARED_PREFIX + 3).tolist()
@@ -141,9 +137,7 @@ def test_a_prefix_shared_by_all_prompts_runs_once_with_the_same_gradient():
     grads, logps = [], []
     for share in (True, False):
         model = tiny_llama(9)
-        trainer = GRPOTrainer(model, TrainingConfig(micro_batch_size=16, lr=1e-3), PAD, "cpu")
-        if not share:
-            trainer._can_share_prompts = lambda: False
+        trainer = FTISTrainer(model, TrainingConfig(micro_batch_size=16, lr=1e-3), PAD, "cpu", share_prompts=share)
         with_behaviour(trainer, groups, shift=-0.2)
         seen_inputs: list[tuple[int, ...]] = []
         hook = model.get_decoder().register_forward_pre_hook(
@@ -156,6 +150,8 @@ def test_a_prefix_shared_by_all_prompts_runs_once_with_the_same_gradient():
         if share:  # the prefix alone, the 3 tails, then the 9 completions
             assert [s[0] for s in seen_inputs] == [1, 3, 9], seen_inputs
             assert seen_inputs[0][1] == len(prefix)
+        else:  # share_prompts=False: one whole forward of the 9 sequences, the reference the shared one must equal
+            assert [s[0] for s in seen_inputs] == [9] and not trainer.shares_prompts(), seen_inputs
         trainer.accumulate_gradients(trainer.prepare(groups))
         grads.append(torch.cat([p.grad.flatten() for p in trainer.params]))
     for a, b in zip(logps[0], logps[1], strict=True):
@@ -168,7 +164,7 @@ def test_positive_advantage_raises_logprob_and_params_change():
     model = tiny_llama(1)
     rng = np.random.default_rng(1)
     group = random_group(rng, g=4, prompt_len=3, rewards=[1, 0, 0, 0])
-    trainer = GRPOTrainer(model, TrainingConfig(lr=1e-2, micro_batch_size=2), PAD, "cpu")
+    trainer = FTISTrainer(model, TrainingConfig(lr=1e-2, micro_batch_size=2), PAD, "cpu")
     with_behaviour(trainer, [group])
     before_params = [p.detach().clone() for p in model.parameters()]
     before = trainer.completion_logprobs([group])[0][0].sum()
@@ -182,7 +178,7 @@ def test_positive_advantage_raises_logprob_and_params_change():
 
 
 def _grads(model, cfg, groups):
-    trainer = GRPOTrainer(model, cfg, PAD, "cpu")
+    trainer = FTISTrainer(model, cfg, PAD, "cpu")
     stats = trainer.accumulate_gradients(trainer.prepare(groups))
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, stats
 
@@ -195,7 +191,7 @@ def test_micro_batch_size_does_not_change_gradient():
         random_group(rng, g=5, source="peerA"),
         random_group(rng, g=3, source="peerB"),
     ]
-    probe = GRPOTrainer(model, TrainingConfig(lr=1e-3), PAD, "cpu")
+    probe = FTISTrainer(model, TrainingConfig(lr=1e-3), PAD, "cpu")
     with_behaviour(probe, groups[:1])
     with_behaviour(probe, groups[1:], shift=0.5, noise=1.0, seed=3)  # off-policy: some truncation
     results = []
@@ -215,7 +211,7 @@ def test_advantages_use_whole_group_even_when_filtered():
     model = tiny_llama(3)
     rng = np.random.default_rng(3)
     group = random_group(rng, g=4, source="peer", rewards=[1, 0, 0, 1])
-    trainer = GRPOTrainer(model, TrainingConfig(lr=1e-3, filter_threshold=1.0), PAD, "cpu")
+    trainer = FTISTrainer(model, TrainingConfig(lr=1e-3, filter_threshold=1.0), PAD, "cpu")
     with_behaviour(trainer, [group])
     group.behaviour_logprobs[1] = np.zeros_like(group.behaviour_logprobs[1])  # log q = 0: far off-policy
     batch = trainer.prepare([group])
@@ -234,7 +230,7 @@ def test_lora_only_adapter_changes():
     )
     rng = np.random.default_rng(4)
     groups = [random_group(rng, rewards=[1, 0, 1, 0]), random_group(rng, rewards=[0, 0, 1, 0])]
-    trainer = GRPOTrainer(model, TrainingConfig(lr=1e-2, optimizer="adamw"), PAD, "cpu")
+    trainer = FTISTrainer(model, TrainingConfig(lr=1e-2, optimizer="adamw"), PAD, "cpu")
     with_behaviour(trainer, groups)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     res = trainer.step(groups)
@@ -247,7 +243,7 @@ def test_on_policy_drops_external_groups():
     model = tiny_llama(5)
     rng = np.random.default_rng(5)
     groups = [random_group(rng, rewards=[1, 0, 0, 0]), random_group(rng, source="peer", rewards=[0, 1, 0, 0])]
-    trainer = GRPOTrainer(model, TrainingConfig(variant="on_policy", lr=1e-3), PAD, "cpu")
+    trainer = FTISTrainer(model, TrainingConfig(variant="on_policy", lr=1e-3), PAD, "cpu")
     with_behaviour(trainer, groups)
     res = trainer.step(groups)
     assert res.groups_local == 1 and res.groups_external == 0 and res.groups_dropped_external == 1
@@ -258,7 +254,7 @@ def test_on_policy_drops_external_groups():
 def test_no_usable_group_and_zero_advantage_skip():
     model = tiny_llama(6)
     rng = np.random.default_rng(6)
-    trainer = GRPOTrainer(model, TrainingConfig(lr=1e-3), PAD, "cpu")
+    trainer = FTISTrainer(model, TrainingConfig(lr=1e-3), PAD, "cpu")
     res = trainer.step([random_group(rng, rewards=[1, 1, 1, 1])])
     assert not res.stepped and res.reason == "no usable group" and res.groups_zero_advantage == 1
     res = trainer.step([])
@@ -270,13 +266,13 @@ def test_several_steps_per_round_and_state_dict():
     rng = np.random.default_rng(7)
     groups = [random_group(rng, rewards=[1, 0, 0, 1]), random_group(rng, source="p", rewards=[0, 1, 0, 0])]
     cfg = TrainingConfig(lr=5e-2, steps_per_round=3, clip_eps=0.1)
-    trainer = GRPOTrainer(model, cfg, PAD, "cpu")
+    trainer = FTISTrainer(model, cfg, PAD, "cpu")
     with_behaviour(trainer, groups)
     res = trainer.step(groups)
     assert res.optimizer_steps == 3 and len(res.losses) == 3
     assert res.clipped_frac > 0  # lr is large enough that some ratios leave [1 - eps, 1 + eps]
     state = trainer.state_dict()
-    other = GRPOTrainer(model, cfg, PAD, "cpu")
+    other = FTISTrainer(model, cfg, PAD, "cpu")
     other.load_state_dict(state)
     assert other.steps_done == 3
     assert other.optimizer.state_dict()["state"].keys() == trainer.optimizer.state_dict()["state"].keys()
@@ -284,7 +280,7 @@ def test_several_steps_per_round_and_state_dict():
 
 def test_lr_default_used_when_config_has_none():
     model = tiny_llama(8)
-    trainer = GRPOTrainer(model, TrainingConfig(), PAD, "cpu", lr_default=1e-4)
+    trainer = FTISTrainer(model, TrainingConfig(), PAD, "cpu", lr_default=1e-4)
     assert trainer.optimizer.param_groups[0]["lr"] == 1e-4
     trainer.step([], lr_default=3e-4)
     assert trainer.optimizer.param_groups[0]["lr"] == 3e-4
@@ -308,11 +304,11 @@ def test_own_samples_are_on_policy_at_the_sampling_temperature(temperature):
     groups = [random_group(rng, rewards=[1, 0, 0, 1]) for _ in range(3)]
     for g in groups:
         g.behaviour_logprobs = [_logprobs_at(model, np.asarray(g.prompt_ids), c, temperature) for c in g.completions]
-    at_t = GRPOTrainer(model, TrainingConfig(lr=1e-3), PAD, "cpu", temperature=temperature)
+    at_t = FTISTrainer(model, TrainingConfig(lr=1e-3), PAD, "cpu", temperature=temperature)
     for g, lps in zip(groups, at_t.completion_logprobs(groups), strict=True):
         for lp, beh in zip(lps, g.behaviour_logprobs, strict=True):
             np.testing.assert_allclose(lp, beh, atol=1e-5)
     res = at_t.step(groups)
     assert res.mean_ratio_local == pytest.approx(1.0, abs=1e-5)
-    at_one = GRPOTrainer(tiny_llama(11), TrainingConfig(lr=1e-3), PAD, "cpu")
+    at_one = FTISTrainer(tiny_llama(11), TrainingConfig(lr=1e-3), PAD, "cpu")
     assert abs(at_one.step(groups).mean_ratio_local - 1.0) > 1e-2

@@ -1,5 +1,5 @@
 """Identities that announce batches and never deliver them (tests/tooling/stallers.py), against a real
-SwarmNode on 127.0.0.1 (docs/security.md, "Download slots").
+SwarmPeer on 127.0.0.1 (docs/security.md, "Download slots").
 
 Before: 4 download slots handed out first come, first served, each held up to collect_deadline_s (15 s),
 and the newcomer gate acted only after a download; eight stalling identities delayed an honest batch by
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from swarm_node.swarm import SwarmNode, keep_raw
+from swarm_node.swarm import SwarmPeer, keep_raw
 from tests.test_swarm import INFO, _cfg
 from tests.tooling.stallers import Stallers
 
@@ -36,10 +36,10 @@ def test_an_established_peers_batch_arrives_while_stallers_hold_the_queue(mode: 
     """24 stalling identities announce first (silent: never answer; trickle: one byte a second); the
     established peer's batch, announced after them, is downloaded within seconds, and the stallers'
     downloads are cut off and counted."""
-    receiver = SwarmNode(_cfg(), INFO, validate=keep_raw,
+    receiver = SwarmPeer(_cfg(), INFO, validate=keep_raw,
                          rank=lambda pid: 0 if pid == honest_id[0] else 1).start()
     honest_id = [""]
-    honest = SwarmNode(_cfg(initial_peers=receiver.visible_maddrs()), INFO, validate=keep_raw).start()
+    honest = SwarmPeer(_cfg(initial_peers=receiver.visible_maddrs()), INFO, validate=keep_raw).start()
     honest_id[0] = honest.peer_id
     stallers = Stallers(24, mode=mode)
     try:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from swarm_node.config import NodeConfig
-from swarm_node.node.grpo_node import receive_limits
+from swarm_node.grpo.round import receive_limits
 from swarm_node.protocol import (
     Completion,
     DecodeLimits,

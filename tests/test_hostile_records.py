@@ -1,7 +1,7 @@
 """Hostile DHT records (docs/security.md: junk under other swarms' keys, bloated keys and storage).
 
 Shapes are checked under every swarm's keys, sizes, lifetimes and subkeys per key bounded. Unit tests run the real hivemind validators on DHTRecords; the slow test floods
-a real SwarmNode's DHT child from an attacker's hivemind DHT on 127.0.0.1."""
+a real SwarmPeer's DHT child from an attacker's hivemind DHT on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from hivemind.utils.serializer import MSGPackSerializer as S
 from hivemind.utils.timed_storage import get_dht_time
 
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode, dht_bounds, records
+from swarm_node.swarm import PeerInfo, SwarmPeer, dht_bounds, records
 from swarm_node.swarm.dht import RefusalTally, record_refusals
 from tests.tooling import dht_flood
 
@@ -199,10 +199,10 @@ def test_refusal_tally_survives_a_child_restart() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_an_attackers_dht_cannot_bloat_or_poison_a_nodes_storage(tmp_path) -> None:
-    """A hivemind DHT without validators joins a SwarmNode and floods it; its DHT child refuses and counts."""
+    """A hivemind DHT without validators joins a SwarmPeer and floods it; its DHT child refuses and counts."""
     cfg = SwarmConfig(enabled=True, swarm_id="mine", host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0,
                       record_ttl_s=30.0, bootstrap_retries=1, bootstrap_timeout_s=5.0)
-    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x"), validate=None).start()
+    node = SwarmPeer(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x"), validate=None).start()
     key, sub, pid = _identity(tmp_path, "attacker")
     attacker = hivemind.DHT(initial_peers=node.visible_maddrs(), host_maddrs=["/ip4/127.0.0.1/tcp/0"], start=True,
                             record_validators=[RSASignatureValidator(key)])
@@ -239,7 +239,7 @@ def test_a_nodes_dht_answers_finds_while_flooded_with_4mib_store_requests() -> N
     every find of another peer meanwhile, and counts each refused request."""
     cfg = SwarmConfig(enabled=True, swarm_id="mine", host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0,
                       record_ttl_s=30.0, bootstrap_retries=1, bootstrap_timeout_s=5.0)
-    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x"), validate=None).start()
+    node = SwarmPeer(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x"), validate=None).start()
     flooder = probe = None
     try:
         probe = dht_flood.FindProbe(node.visible_maddrs())
@@ -278,7 +278,7 @@ def test_a_call_pending_when_the_dht_child_dies_ends_at_once() -> None:
 
     cfg = SwarmConfig(enabled=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, record_ttl_s=30.0,
                       bootstrap_retries=1, bootstrap_timeout_s=5.0)
-    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x"), validate=None).start()
+    node = SwarmPeer(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x"), validate=None).start()
     outcome: dict = {}
 
     def call() -> None:

@@ -1,4 +1,4 @@
-"""Replays under new identities, fabricated behaviour log-probs and Sybil shares (docs/security.md, node/defences.py)."""
+"""Replays under new identities, fabricated behaviour log-probs and Sybil shares (docs/security.md, grpo/defences.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 
-from swarm_node.node.defences import LogprobAudit, NewcomerGate, ReplayWindow, SkewAudit, cap_share
+from swarm_node.grpo.defences import LogprobAudit, NewcomerGate, ReplayWindow, SkewAudit, cap_share
 from swarm_node.protocol import Completion, Group, RolloutBatch, decode_batch, encode_batch
 from swarm_node.swarm.intake import Freshness, Intake, Offer
 from swarm_node.training.groups import TrainGroup

@@ -19,7 +19,7 @@ import pytest
 from hivemind.p2p import P2P, PeerID
 
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode
+from swarm_node.swarm import PeerInfo, SwarmPeer
 from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.swarm.transfer import (
     HANDLER,
@@ -93,13 +93,13 @@ async def _send_raw(client: P2P, peer: PeerID, frame: bytes) -> bytes:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_junk_requests_are_counted_without_tracebacks() -> None:
-    """40 junk requests against a real SwarmNode: each counted as bad_request, no traceback, few lines."""
+    """40 junk requests against a real SwarmPeer: each counted as bad_request, no traceback, few lines."""
     capture = _Capture()
     root = logging.getLogger()
     root.addHandler(capture)
     cfg = SwarmConfig(enabled=True, host_maddrs=LOOPBACK, heartbeat_s=1.0, record_ttl_s=30.0, bootstrap_retries=1,
                       bootstrap_timeout_s=5.0)
-    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x"), validate=None).start()
+    node = SwarmPeer(cfg, PeerInfo(mode="grpo", model_name="m", tokenizer_fp="t", task_id="x"), validate=None).start()
 
     async def attack() -> list[bytes]:
         client = await P2P.create(initial_peers=node.visible_maddrs(), host_maddrs=LOOPBACK)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from swarm_node.config import TrainingConfig
-from swarm_node.training.grpo_step import GRPOTrainer
+from swarm_node.training.ftis_step import FTISTrainer
 from swarm_node.training.logprobs import chunk_tokens, head_logprobs
 from tests.test_grpo_step import PAD, random_group, tiny_llama, with_behaviour
 
@@ -46,7 +46,7 @@ def test_micro_batches_keep_to_the_token_budget_and_the_gradient_is_unchanged():
     grads, shapes = [], []
     for budget in (10**6, 24):
         model = tiny_llama(7)
-        trainer = GRPOTrainer(model, TrainingConfig(micro_batch_tokens=budget, lr=1e-3), PAD, "cpu")
+        trainer = FTISTrainer(model, TrainingConfig(micro_batch_tokens=budget, lr=1e-3), PAD, "cpu")
         with_behaviour(trainer, groups, shift=-0.1)
         batch = trainer.prepare(groups)
         mbs = trainer._micro_batches(len(batch.sequences), batch.sequences)
@@ -94,8 +94,8 @@ def test_out_of_memory_halves_the_token_budget_and_retries_with_the_same_update(
         # SGD, whose step is the gradient itself (Adam's first step is lr * sign(gradient), blind to a
         # gradient counted twice), and no clipping, which would hide it too
         cfg = TrainingConfig(micro_batch_tokens=budget, lr=0.5, optimizer="sgd", grad_clip=1e6)
-        trainer = GRPOTrainer(model, cfg, PAD, "cpu")
-        trainer._can_share_prompts = lambda: False  # one forward per micro-batch: the card sees all its tokens
+        # one forward per micro-batch: the card sees all its tokens
+        trainer = FTISTrainer(model, cfg, PAD, "cpu", share_prompts=False)
         with_behaviour(trainer, groups, shift=-0.1)
         card = _SmallCard(model, limit, refuse_call) if simulated else None
         res = trainer.step(groups)
@@ -115,8 +115,7 @@ def test_out_of_memory_with_one_sequence_per_micro_batch_is_raised():
     rng = np.random.default_rng(6)
     groups = _groups(rng, 1)
     model = tiny_llama(9)
-    trainer = GRPOTrainer(model, TrainingConfig(lr=1e-2), PAD, "cpu")
-    trainer._can_share_prompts = lambda: False
+    trainer = FTISTrainer(model, TrainingConfig(lr=1e-2), PAD, "cpu", share_prompts=False)
     with_behaviour(trainer, groups)
     _SmallCard(model, 1)
     with pytest.raises(torch.OutOfMemoryError):

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from swarm_node.config import NodeConfig
+from swarm_node.grpo.round import GRPONode, run_grpo_node
 from swarm_node.node.checkpoint import WEIGHTS_FILE, latest_checkpoint, load_weights
-from swarm_node.node.grpo_node import GRPONode, run_grpo_node
 
 pytestmark = pytest.mark.slow
 

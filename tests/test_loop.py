@@ -159,3 +159,38 @@ def test_after_an_unreadable_checkpoint_a_restart_resumes_from_the_newest_readab
     assert f"continuing at round {second + 1}" in capsys.readouterr().err
     assert float(nodes[-1].loaded.model.weight[0, 0].detach()) == second + 2
     assert [r["round"] for r in read_metrics(tmp_path / "metrics.jsonl")] == list(range(1, second + 3))
+
+
+@pytest.mark.slow
+def test_both_modes_follow_one_lr_curve(presets_dir, tmp_path):
+    """GRPO (rounds from 1) and DPO (rounds from 0) with the same base lr and schedule train their k-th round at
+    the same learning rate: the one the loop's `round_lr` gives, set on the optimizer the round steps with."""
+    from swarm_node.config import load_config
+    from swarm_node.dpo.round import DPONode
+    from swarm_node.grpo.round import GRPONode
+    from swarm_node.models.factory import Preset, build_model, build_tokenizer
+
+    torch.set_num_threads(1)
+    schedule = ["rounds=4", "training.lr_schedule=linear", "training.warmup_rounds=2", "metrics.eval_every=100"]
+    tok = build_tokenizer()
+    pre = Preset("llama", hidden=32, layers=2, heads=2, kv_heads=2, intermediate=64, lr_full=1e-3, lr_lora=1e-3)
+    build_model(pre, len(tok), tok.pad_token_id, tok.eos_token_id, 0).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    grpo = GRPONode(load_config(None, [*schedule, "training.lr=0.001", "task.prompts_per_round=2",
+                                       "generation.num_generations=2", "task.eval_n=4"]), tmp_path / "grpo")
+    dpo = DPONode(load_config(None, [*schedule, "mode=dpo", f"model.path={tmp_path / 'model'}", "dpo.lr=0.001",
+                                     "dpo.pairs_per_user=16", "dpo.heldout_pairs=16"]), tmp_path / "dpo")
+    curves = {}
+    try:
+        for node in (grpo, dpo):
+            curves[node.MODE] = []
+            for _ in range(4):
+                expected = node.round_lr()
+                row = node.run_round()
+                assert node.trainer.optimizer.param_groups[0]["lr"] == pytest.approx(expected) == row["lr"]
+                curves[node.MODE].append(row["lr"])
+    finally:
+        grpo.close()
+        dpo.close()
+    assert curves["GRPO"] == pytest.approx([0.0005, 0.001, 0.001, 0.0005])
+    assert curves["DPO"] == pytest.approx(curves["GRPO"])

@@ -36,12 +36,12 @@ LOGPROB_PATH = """
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from swarm_node.config import TrainingConfig
     from swarm_node.training.ftis import ftis_loss
-    from swarm_node.training.grpo_step import GRPOTrainer
+    from swarm_node.training.ftis_step import FTISTrainer
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=151936, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                                          num_key_value_heads=1, intermediate_size=128, tie_word_embeddings=True))
     groups = synthetic_groups(2, 8, 16, 64, 151936)
-    trainer = GRPOTrainer(model, TrainingConfig(micro_batch_tokens=10**6), 0, temperature=0.7)
+    trainer = FTISTrainer(model, TrainingConfig(micro_batch_tokens=10**6), 0, temperature=0.7)
     batch = trainer.prepare(groups)
     seqs = batch.sequences
 

@@ -110,8 +110,8 @@ def test_a_round_row_carries_its_time_split(tmp_path):
     import time
 
     from swarm_node.config import NodeConfig
+    from swarm_node.grpo.round import GRPONode
     from swarm_node.models.factory import PRESETS, build_model, build_tokenizer
-    from swarm_node.node.grpo_node import GRPONode
     from swarm_node.node.timing import PHASES
 
     tok = build_tokenizer()

@@ -231,7 +231,7 @@ def test_make_model_command(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_preset_hash_reaches_metrics_and_report(presets_dir, tmp_path):
     from swarm_node.config import NodeConfig
-    from swarm_node.node.grpo_node import run_grpo_node
+    from swarm_node.grpo.round import run_grpo_node
     from swarm_node.node.metrics import read_metrics
     from swarm_node.runs.report import write_report
 
@@ -251,7 +251,7 @@ def test_preset_hash_reaches_metrics_and_report(presets_dir, tmp_path):
 def test_dpo_preset_hash_reaches_metrics_and_report(presets_dir, tmp_path):
     """DPO's round 0 already trains; its row still records the preset's weights hash, as GRPO's does."""
     from swarm_node.config import load_config
-    from swarm_node.node.dpo_node import run_dpo_node
+    from swarm_node.dpo.round import run_dpo_node
     from swarm_node.node.metrics import read_metrics
     from swarm_node.runs.report import write_report
 

@@ -107,9 +107,9 @@ LIAR = textwrap.dedent('''
     from swarm_node.config import SwarmConfig
     from swarm_node.generation.base import Sample
     from swarm_node.models.loading import tokenizer_fingerprint
-    from swarm_node.node.rollouts import LocalRollouts, score
+    from swarm_node.grpo.rollouts import LocalRollouts, score
     from swarm_node.protocol import encode_batch
-    from swarm_node.swarm import PeerInfo, SwarmNode
+    from swarm_node.swarm import PeerInfo, SwarmPeer
     from swarm_node.tasks.arithmetic import ArithmeticTask
 
     model_dir, maddr, swarm_id, out, role = sys.argv[1:6]  # "liar", "stale" (honest, but old), "foreign"
@@ -136,7 +136,7 @@ LIAR = textwrap.dedent('''
 
     cfg = SwarmConfig(enabled=True, swarm_id=swarm_id, initial_peers=[maddr],
                       host_maddrs=["/ip4/127.0.0.1/tcp/0"], heartbeat_s=1.0, record_ttl_s=8.0)
-    node = SwarmNode(cfg, PeerInfo(mode="grpo", model_name=role, tokenizer_fp=fp, task_id=universe),
+    node = SwarmPeer(cfg, PeerInfo(mode="grpo", model_name=role, tokenizer_fp=fp, task_id=universe),
                      validate=None).start()  # publishes only
     open(out, "w").write(node.peer_id + "\\n")
     published = 0
@@ -460,8 +460,8 @@ def test_stop_and_resume_from_state_dir(presets, tmp_path):
     import torch
 
     from swarm_node.config import load_config
+    from swarm_node.grpo.round import GRPONode
     from swarm_node.node.checkpoint import latest_checkpoint, load_weights
-    from swarm_node.node.grpo_node import GRPONode
 
     ov = {"rounds": 50, "task.prompts_per_round": 4, "task.eval_n": 20, "metrics.eval_every": 1000,
           "checkpoint.every_rounds": 1000, "swarm.enabled": False, "training.lr": 3e-3}

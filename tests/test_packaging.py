@@ -43,7 +43,7 @@ def test_the_wheel_ships_no_fuzzer_or_test_builder(tmp_path):
     with zipfile.ZipFile(out / build.stdout.split()[-1]) as whl:
         names = whl.namelist()
         sources = {n: whl.read(n).decode() for n in names if n.endswith(".py")}
-    assert "swarm_node/swarm/node.py" in names and "swarm_node/peers/tiny-s.yaml" in names  # not vacuous
+    assert "swarm_node/swarm/peer.py" in names and "swarm_node/peers/tiny-s.yaml" in names  # not vacuous
     tooling = [n for n in names if re.search(r"fuzz|(^|/)batches\.py$|(^|/)tests/|adversary", n)]
     assert tooling == [], tooling
     assert [n for n, text in sources.items() if re.search(r"^\s*(from|import) tests\b", text, re.M)] == []

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from swarm_node.config import NodeConfig
-from swarm_node.node.grpo_node import GRPONode
+from swarm_node.grpo.round import GRPONode
 
 pytestmark = pytest.mark.slow
 

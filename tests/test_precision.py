@@ -11,8 +11,8 @@ from swarm_node.config import LoraConfig, NodeConfig, TrainingConfig
 from swarm_node.generation.hf import TransformersGenerator
 from swarm_node.generation.stops import stop_token_ids
 from swarm_node.models.loading import load_model
+from swarm_node.training.ftis_step import FTISTrainer
 from swarm_node.training.groups import TrainGroup
-from swarm_node.training.grpo_step import GRPOTrainer
 
 
 def _node_cfg(dtype: str, lr: float) -> NodeConfig:
@@ -24,7 +24,7 @@ def _node_cfg(dtype: str, lr: float) -> NodeConfig:
 
 
 def _moved(dtype: str, tmp_path, rounds: int = 3, lr: float = 1e-6) -> tuple[float, torch.Tensor]:
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
 
     torch.manual_seed(0)
     node = GRPONode(_node_cfg(dtype, lr), tmp_path / dtype)
@@ -61,7 +61,7 @@ def test_trained_weights_stay_fp32_and_the_forward_computes_in_bf16(presets_dir,
     logits = lm.model(input_ids=torch.tensor([[5, 6, 7]])).logits
     assert seen == [torch.bfloat16] and logits.dtype == torch.bfloat16
     seen.clear()  # the trainer's own path (body, then the head a chunk at a time) computes the same way
-    trainer = GRPOTrainer(lm.model, TrainingConfig(), lm.tokenizer.pad_token_id)
+    trainer = FTISTrainer(lm.model, TrainingConfig(), lm.tokenizer.pad_token_id)
     group = TrainGroup(prompt_ids=[5, 6, 7], completions=[np.array([8, 9])] * 2,
                        behaviour_logprobs=[np.zeros(2, np.float32)] * 2, rewards=np.array([1.0, 0.0], np.float32))
     trainer.completion_logprobs([group])
@@ -75,7 +75,7 @@ def _gap(lm, temperature: float, trainer_autocast: bool = True) -> float:
     out = gen.generate(prompts, 8, max_new_tokens=8, temperature=temperature, seed=0)
     groups = [TrainGroup(prompt_ids=p, completions=[s.token_ids for s in ss], behaviour_logprobs=[s.logprobs for s in ss],
                          rewards=np.zeros(8, np.float32)) for p, ss in zip(prompts, out, strict=True)]
-    trainer = GRPOTrainer(lm.model, TrainingConfig(), tok.pad_token_id, temperature=temperature)
+    trainer = FTISTrainer(lm.model, TrainingConfig(), tok.pad_token_id, temperature=temperature)
     body = lm.model.get_decoder()
     if not trainer_autocast:  # what a trainer computing in fp32 beside a bf16 sampler would see
         plain = type(body).forward.__get__(body)

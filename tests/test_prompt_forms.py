@@ -114,11 +114,11 @@ def test_threads_setting_reaches_torch(monkeypatch, tmp_path):
     """`threads: N` sets torch's compute threads before the node starts (the demo's peers default to 1)."""
     import torch
 
-    import swarm_node.node.grpo_node as grpo_node
+    import swarm_node.grpo.round as grpo_round
     from swarm_node.cli import main
 
     seen = []
-    monkeypatch.setattr(grpo_node, "run_grpo_node", lambda cfg, state_dir, log_level: seen.append(
+    monkeypatch.setattr(grpo_round, "run_grpo_node", lambda cfg, state_dir, log_level: seen.append(
         torch.get_num_threads()) or 0)
     prev = torch.get_num_threads()
     try:

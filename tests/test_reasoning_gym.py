@@ -130,7 +130,7 @@ def test_a_node_trains_on_chain_sum_offline(presets_dir, tmp_path):
     """Acceptance: `task: {name: reasoning_gym, datasets: [chain_sum]}` runs the real round loop offline, and
     with the short template of peers/rg-tiny-s.yaml the groups carry signal and the model changes."""
     from swarm_node.config import NodeConfig, load_config
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
 
     def cfg(datasets):
         return NodeConfig.model_validate({

@@ -67,7 +67,8 @@ def _reason_literals(path: Path) -> list[tuple[int, str]]:
 
 
 def test_every_reason_the_node_code_names_is_registered() -> None:
-    literals = {p.name: _reason_literals(p) for p in sorted((PKG / "node").glob("*.py"))}
+    files = sorted(p for d in ("node", "grpo", "dpo") for p in (PKG / d).glob("*.py"))
+    literals = {f"{p.parent.name}/{p.name}": _reason_literals(p) for p in files}
     assert sum(map(len, literals.values())) >= 15, literals  # the scan sees the admission code at all
     missing = [(f, line, r) for f, found in literals.items() for line, r in found if not reasons.known(r)]
     assert missing == []
@@ -77,7 +78,8 @@ def test_every_reason_the_node_code_names_is_registered() -> None:
 
 def test_the_params_family_is_what_decode_params_raises() -> None:
     raised = set()
-    for path in (PKG / "gossip").glob("*.py"):  # the codec (payload.py) and robust averaging (robust.py)
+    # the codec (swarm/averaging/payload.py) and robust averaging (dpo/robust.py)
+    for path in [*(PKG / "swarm" / "averaging").glob("*.py"), *(PKG / "dpo").glob("*.py")]:
         raised |= {n.args[0].value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)
                    and isinstance(n.func, (ast.Name, ast.Attribute))
                    and (n.func.id if isinstance(n.func, ast.Name) else n.func.attr) == "PayloadError"

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from swarm_node.generation.base import Sample
+from swarm_node.grpo.rollouts import Expectations, LocalRollouts, peer_groups, score
 from swarm_node.models.factory import build_tokenizer
 from swarm_node.models.loading import tokenizer_fingerprint
-from swarm_node.node.rollouts import Expectations, LocalRollouts, peer_groups, score
 from swarm_node.protocol import RolloutBatch, decode_batch, encode_batch
 from swarm_node.tasks.arithmetic import ArithmeticTask
 

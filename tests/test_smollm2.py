@@ -23,8 +23,8 @@ from swarm_node.generation.stops import stop_token_ids
 from swarm_node.models.loading import load_model
 from swarm_node.models.presets import PACKAGED, PRESET_META_FILE
 from swarm_node.tasks.arithmetic import ArithmeticTask
+from swarm_node.training.ftis_step import FTISTrainer
 from swarm_node.training.groups import TrainGroup
-from swarm_node.training.grpo_step import GRPOTrainer
 
 IM_END = "<|im_end|>"
 
@@ -106,7 +106,7 @@ def test_chat_prompts_stop_at_im_end_and_logprobs_match_the_trainer(smollm2_dir:
         assert IM_END not in completion_text(tok, s)
     groups = [TrainGroup(prompt_ids=p, completions=[s.token_ids for s in ss], behaviour_logprobs=[s.logprobs for s in ss],
                          rewards=np.zeros(len(ss), np.float32)) for p, ss in zip(ids, samples, strict=True)]
-    recomputed = GRPOTrainer(lm.model, TrainingConfig(), tok.pad_token_id).completion_logprobs(groups)
+    recomputed = FTISTrainer(lm.model, TrainingConfig(), tok.pad_token_id).completion_logprobs(groups)
     gap = max(float(np.max(np.abs(r - b))) for g, rs in zip(groups, recomputed, strict=True)
               for r, b in zip(rs, g.behaviour_logprobs, strict=True))
     assert gap <= 1e-4, gap  # fp32: the behaviour log-probs are what the trainer computes
@@ -116,7 +116,7 @@ def test_lora_on_qkvo_learns_and_exports_with_equal_logits(smollm2_dir: Path, tm
     """LoRA on q/k/v/o of every layer: one F-TIS step on a rewarded completion raises its log-prob and
     touches only the adapter; the node's checkpoint exports (merged) and reloads with the same logits."""
     from swarm_node.cli import main
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
 
     cfg = NodeConfig.model_validate({
         "seed": 0, "model": {"path": str(smollm2_dir), "lora": {"enabled": True, "r": 4, "alpha": 8,
@@ -161,7 +161,7 @@ def test_lora_on_qkvo_learns_and_exports_with_equal_logits(smollm2_dir: Path, tm
 def test_wire_round_trip_and_bytes_per_token_on_a_real_round(smollm2_dir: Path, tmp_path: Path):
     """A real round of SmolLM2 samples (49k vocabulary, chat prompts) through the wire codec: decoded exactly,
     within the node's own receive limits, at a few bytes per completion token (measured, printed)."""
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
     from swarm_node.protocol import decode_batch, encode_batch
 
     cfg = NodeConfig.model_validate({

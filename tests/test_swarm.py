@@ -20,7 +20,7 @@ from hivemind.p2p import P2P
 
 from swarm_node.config import SwarmConfig
 from swarm_node.errors import UserFacingError
-from swarm_node.swarm import MemberRecord, PeerInfo, SwarmNode, keep_raw, records
+from swarm_node.swarm import MemberRecord, PeerInfo, SwarmPeer, keep_raw, records
 
 pytestmark = pytest.mark.timeout(180)
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
@@ -106,7 +106,7 @@ def _closed_port() -> int:
 @pytest.mark.slow  # starts a DHT or a subprocess
 def test_unreachable_bootstrap_names_the_addresses():
     addr = f"/ip4/127.0.0.1/tcp/{_closed_port()}/p2p/QmXfptdHU6hqG95JswxYVUH4bphcK8y18mhFcgUQFe6fCN"
-    node = SwarmNode(_cfg(initial_peers=[addr], bootstrap_retries=1, bootstrap_timeout_s=3.0), INFO, validate=keep_raw)
+    node = SwarmPeer(_cfg(initial_peers=[addr], bootstrap_retries=1, bootstrap_timeout_s=3.0), INFO, validate=keep_raw)
     t0 = time.monotonic()
     with pytest.raises(UserFacingError) as err:
         node.start()
@@ -119,8 +119,8 @@ def test_unreachable_bootstrap_names_the_addresses():
 
 @pytest.fixture
 def pair(tmp_path):
-    a = SwarmNode(_cfg(identity_path=str(tmp_path / "a" / "id.key")), INFO, validate=keep_raw).start()
-    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs(), max_batch_bytes=1 << 20), INFO, validate=keep_raw).start()
+    a = SwarmPeer(_cfg(identity_path=str(tmp_path / "a" / "id.key")), INFO, validate=keep_raw).start()
+    b = SwarmPeer(_cfg(initial_peers=a.visible_maddrs(), max_batch_bytes=1 << 20), INFO, validate=keep_raw).start()
     yield a, b
     b.close()
     a.close()
@@ -138,10 +138,10 @@ def _wait(pred, timeout=15.0):
 @pytest.mark.slow
 def test_identity_file_keeps_peer_id(tmp_path):
     path = tmp_path / "deep" / "dir" / "id.key"
-    with SwarmNode(_cfg(identity_path=str(path)), INFO, validate=keep_raw) as node:
+    with SwarmPeer(_cfg(identity_path=str(path)), INFO, validate=keep_raw) as node:
         first = node.peer_id
     assert path.is_file()
-    with SwarmNode(_cfg(identity_path=str(path)), INFO, validate=keep_raw) as node:
+    with SwarmPeer(_cfg(identity_path=str(path)), INFO, validate=keep_raw) as node:
         assert node.peer_id == first
         assert node.visible_maddrs()[0].endswith("/p2p/" + first)
 
@@ -267,8 +267,8 @@ def test_a_peer_missing_from_a_nodes_own_copy_of_the_member_list_stays_in_its_vi
     (the netlab test of that failed in CI, 2026-12-02)."""
     from functools import partial
 
-    a = SwarmNode(_cfg(record_ttl_s=6.0), INFO, validate=keep_raw).start()  # a merged read every 2 s
-    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs(), record_ttl_s=300.0), INFO, validate=keep_raw).start()
+    a = SwarmPeer(_cfg(record_ttl_s=6.0), INFO, validate=keep_raw).start()  # a merged read every 2 s
+    b = SwarmPeer(_cfg(initial_peers=a.visible_maddrs(), record_ttl_s=300.0), INFO, validate=keep_raw).start()
     try:
         assert _wait(lambda: b.peer_id in a.view)
         key = records.members_key(a.cfg.swarm_id)
@@ -290,7 +290,7 @@ def test_a_peer_missing_from_a_nodes_own_copy_of_the_member_list_stays_in_its_vi
 @pytest.mark.slow
 def test_receive_retries_a_dropped_stream(tmp_path):
     """A peer whose stream closes before replying (twice) is tried again within the deadline."""
-    a = SwarmNode(_cfg(), INFO, validate=keep_raw)
+    a = SwarmPeer(_cfg(), INFO, validate=keep_raw)
     real, drops = a.blobs.served, {"left": 2}
 
     def dropping(kind: str, round_: int):
@@ -301,7 +301,7 @@ def test_receive_retries_a_dropped_stream(tmp_path):
 
     a.blobs.served = dropping  # what the stream handler serves
     a.start()
-    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs()), INFO, validate=keep_raw).start()
+    b = SwarmPeer(_cfg(initial_peers=a.visible_maddrs()), INFO, validate=keep_raw).start()
     try:
         with pytest.raises(RuntimeError, match="twice"):
             a.start()  # a second start would leak a whole DHT and event loop
@@ -322,7 +322,7 @@ def test_a_dpo_fetch_outlasts_a_neighbour_unreachable_for_a_restart(tmp_path):
     attempts ~0.4 s apart and the round averaged without that neighbour."""
     from swarm_node.swarm.receiver import FETCH_RETRY_S
 
-    a = SwarmNode(_cfg(), INFO, validate=None)
+    a = SwarmPeer(_cfg(), INFO, validate=None)
     real = a.blobs.served
     back_at = [float("inf")]
 
@@ -333,7 +333,7 @@ def test_a_dpo_fetch_outlasts_a_neighbour_unreachable_for_a_restart(tmp_path):
 
     a.blobs.served = restarting
     a.start()
-    b = SwarmNode(_cfg(initial_peers=a.visible_maddrs()), INFO, validate=None).start()
+    b = SwarmPeer(_cfg(initial_peers=a.visible_maddrs()), INFO, validate=None).start()
     try:
         payload = os.urandom(50_000)
         a.publish("params", 0, payload)
@@ -357,15 +357,15 @@ def test_a_joining_node_waits_for_peers_that_start_later(tmp_path):
     peer shows up, then waits for that peer's first batch, within one deadline. Without joining, a round
     that finds nobody live returns at once (the demo's fast-machine failure: a peer trained two rounds on
     its own groups only)."""
-    boot = SwarmNode(_cfg(), PeerInfo("grpo", "boot", "tok1", "other-task"), validate=keep_raw).start()
+    boot = SwarmPeer(_cfg(), PeerInfo("grpo", "boot", "tok1", "other-task"), validate=keep_raw).start()
     ours = lambda m: m.task_id == "arithmetic"  # noqa: E731  (the bootstrap's record is not a peer we take)
-    b = SwarmNode(_cfg(initial_peers=boot.visible_maddrs()), INFO, validate=keep_raw, accept=ours).start()
-    late: list[SwarmNode] = []
+    b = SwarmPeer(_cfg(initial_peers=boot.visible_maddrs()), INFO, validate=keep_raw, accept=ours).start()
+    late: list[SwarmPeer] = []
     payload = os.urandom(20_000)
 
     def start_late_peer(publish: bool = True) -> None:
         time.sleep(2.0)
-        c = SwarmNode(_cfg(initial_peers=boot.visible_maddrs()), INFO, validate=keep_raw).start()
+        c = SwarmPeer(_cfg(initial_peers=boot.visible_maddrs()), INFO, validate=keep_raw).start()
         late.append(c)
         if publish:
             c.set_round(1)
@@ -399,11 +399,11 @@ def test_a_joining_node_waits_for_peers_that_start_later(tmp_path):
 NODE_SCRIPT = r"""
 import hashlib, json, os, sys
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
+from swarm_node.swarm import PeerInfo, SwarmPeer, keep_raw
 idx, boot, ident = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 cfg = SwarmConfig(enabled=True, swarm_id="t", initial_peers=[boot], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
                   identity_path=ident, heartbeat_s=1.0)
-node = SwarmNode(cfg, PeerInfo("grpo", f"m{idx}", "tok", "arith"), validate=keep_raw).start()
+node = SwarmPeer(cfg, PeerInfo("grpo", f"m{idx}", "tok", "arith"), validate=keep_raw).start()
 payload = os.urandom(3 * 2**20 if idx == 0 else 200_000 + idx)
 node.set_round(1)
 node.publish("batch", 1, payload)

@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc").is_dir(), r
 NODE = """
 import sys, time
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode
-node = SwarmNode(SwarmConfig(enabled=True, swarm_id="orphans", host_maddrs=["/ip4/127.0.0.1/tcp/0"]),
+from swarm_node.swarm import PeerInfo, SwarmPeer
+node = SwarmPeer(SwarmConfig(enabled=True, swarm_id="orphans", host_maddrs=["/ip4/127.0.0.1/tcp/0"]),
                  PeerInfo(mode="grpo", model_name="m", tokenizer_fp="fp", task_id="t"), validate=None).start()
 print(node.dht.child.pid, flush=True)
 time.sleep(600)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw, reasons
+from swarm_node.swarm import PeerInfo, SwarmPeer, keep_raw, reasons
 from swarm_node.swarm.announce import BatchAnnouncement
 from swarm_node.swarm.counters import SwarmCounters
 
@@ -32,7 +32,7 @@ def _peer_lines(caplog) -> list[logging.LogRecord]:
 def test_a_thousand_refused_announcements_write_a_bounded_number_of_lines(caplog) -> None:
     """Refused pushed announcements are counted one by one, but logged through the rate limiter: a peer
     (or a thousand fresh identities) cannot write a WARNING per message it sends."""
-    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # never started: no network
+    node = SwarmPeer(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # never started: no network
     on_announcement = node.receiver.on_announcement
     with caplog.at_level(logging.WARNING, logger="swarm_node.swarm"):
         for i in range(1000):  # one peer, rounds far in the future
@@ -89,39 +89,28 @@ def test_no_swarm_module_names_a_reason_by_a_string_literal() -> None:
     assert bad == []
 
 
-def test_a_node_alone_in_its_member_reads_pings_the_peers_it_knows(monkeypatch) -> None:
+def test_a_node_alone_in_its_member_reads_pings_the_peers_it_knows() -> None:
     """After ALONE_READS member reads that list no peer but us (an outage emptied the DHT routing table),
     the heartbeat pings the known peers, then at most every REJOIN_EVERY_S while still alone; one read that
-    lists a peer stops it. (The real outage: tests/test_net_scenarios.py, the link cut.)"""
-    from swarm_node.swarm import node as swarm_node_module
+    lists a peer stops it. (The real outage, through SwarmPeer's heartbeat: tests/test_net_scenarios.py, the
+    link cut.)"""
+    from swarm_node.swarm.rejoin import ALONE_READS, REJOIN_EVERY_S, RejoinPolicy
 
-    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # never started: no network
-    node.dht.peer_id = "me"
-    pings: list[float] = []
-    monkeypatch.setattr(node.dht, "rejoin", lambda: pings.append(0) or 2)
-    listed: dict = {}
-    monkeypatch.setattr(node.membership, "read_members", lambda **kw: dict(listed))
-    monkeypatch.setattr(node.view, "update", lambda *a, **kw: set())
-    monkeypatch.setattr(node.view, "greet", lambda n: None)
-    every = swarm_node_module.REJOIN_EVERY_S
-    t = 1000.0
-    for _ in range(swarm_node_module.ALONE_READS - 1):
-        node._refresh_view()
-        node._rejoin_if_alone(t)
-    assert pings == []  # not yet: a peer may simply not have stored its record
-    node._refresh_view()
-    node._rejoin_if_alone(t)
-    assert len(pings) == 1 and node.counters.stats(node.intake)["rejoins"] == 1
-    node._refresh_view()
-    node._rejoin_if_alone(t + every / 2)
-    assert len(pings) == 1  # rate-limited
-    node._refresh_view()
-    node._rejoin_if_alone(t + every)
-    assert len(pings) == 2
-    listed["peer-a"] = types.SimpleNamespace(round=7)  # a read lists a peer again: back to normal
-    node._refresh_view()
-    node._rejoin_if_alone(t + 10 * every)
-    assert len(pings) == 2 and node._alone_reads == 0
+    policy, t = RejoinPolicy(), 1000.0
+    assert SwarmPeer(SwarmConfig(enabled=True), INFO, validate=keep_raw).rejoin_policy.after_reads == ALONE_READS
+    for _ in range(ALONE_READS - 1):
+        policy.read(others_listed=False)
+        assert not policy.due(t)  # not yet: a peer may simply not have stored its record
+    policy.read(others_listed=False)
+    assert policy.due(t)
+    policy.read(others_listed=False)
+    assert not policy.due(t + REJOIN_EVERY_S / 2)  # rate-limited
+    policy.read(others_listed=False)
+    assert policy.due(t + REJOIN_EVERY_S)
+    policy.read(others_listed=True)  # a read lists a peer again: back to normal
+    assert not policy.due(t + 10 * REJOIN_EVERY_S) and policy.alone_reads == 0
+    policy.read(others_listed=False)
+    assert not policy.due(t + 20 * REJOIN_EVERY_S)  # and the count starts again
 
 
 class _Writer:
@@ -150,7 +139,7 @@ def test_serving_a_blob_hashes_nothing_on_the_event_loop(monkeypatch) -> None:
     from swarm_node.swarm import transfer
     from swarm_node.swarm.blobs import describe
 
-    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # not started: its parts only
+    node = SwarmPeer(SwarmConfig(enabled=True), INFO, validate=keep_raw)  # not started: its parts only
     payload = b"p" * (3 << 20)
     node.blobs.put("batch", describe(7, payload), payload)
     hashed = []
@@ -209,12 +198,12 @@ def test_the_peers_skipped_as_unreachable_are_pruned_and_bounded(monkeypatch) ->
 
 def test_a_batch_offer_over_the_batch_cap_is_refused_before_any_download() -> None:
     """A GRPO node passes the largest payload a valid batch can be (`batch_cap`); an offer over it is refused
-    as too_large without a download, while DPO's parameters keep swarm.max_batch_bytes."""
+    as too_large without a download, while DPO's parameters keep their own cap (`params_cap`)."""
     import asyncio
 
     from swarm_node.swarm.records import BlobEntry
 
-    node = SwarmNode(SwarmConfig(enabled=True), INFO, validate=keep_raw, batch_cap=10_000)
+    node = SwarmPeer(SwarmConfig(enabled=True), INFO, validate=keep_raw, batch_cap=10_000)
     spawned = []
     node.loop.spawn = spawned.append
     node.receiver.on_announcement("peer", _announcement(1, size=10_001, model_name="m"), "", 400)
@@ -225,6 +214,28 @@ def test_a_batch_offer_over_the_batch_cap_is_refused_before_any_download() -> No
     entry = BlobEntry(round=3, size=10_001, sha256="0" * 64)
     _payload, reason = asyncio.run(node.receiver._download("params", "peer", entry, 1.0))
     assert reason == "stream_error"  # not too_large: no P2P here, so the download itself fails
+
+
+def test_dpo_parameters_are_bounded_by_their_own_setting_not_the_batch_cap() -> None:
+    """A DPO peer's `params_cap` (dpo.max_payload_bytes) bounds the parameters it fetches and publishes,
+    below or above swarm.max_batch_bytes; batches keep swarm.max_batch_bytes."""
+    import asyncio
+
+    from swarm_node.config import DPOConfig
+    from swarm_node.swarm.records import BlobEntry
+
+    assert DPOConfig().max_payload_bytes == SwarmConfig().max_batch_bytes  # the same default bound as before
+    cfg = SwarmConfig(enabled=True, max_batch_bytes=1 << 20)
+    small = SwarmPeer(cfg, INFO, validate=None, params_cap=10_000)
+    _payload, reason = asyncio.run(small.receiver._download("params", "peer", BlobEntry(round=3, size=10_001, sha256="0" * 64), 1.0))
+    assert reason == "too_large" and small.stats()["rejected"] == {"too_large": 1}
+    with pytest.raises(ValueError, match="dpo.max_payload_bytes=10000"):
+        small.publish("params", 3, b"x" * 10_001)
+    large = SwarmPeer(cfg, INFO, validate=None, params_cap=4 << 20)
+    _payload, reason = asyncio.run(large.receiver._download("params", "peer", BlobEntry(round=3, size=2 << 20, sha256="0" * 64), 1.0))
+    assert reason == "stream_error"  # over max_batch_bytes, under its own cap: it would be downloaded
+    with pytest.raises(ValueError, match="swarm.max_batch_bytes"):
+        large.publish("batch", 3, b"x" * ((1 << 20) + 1))
 
 
 def test_download_slots_serve_trusted_peers_first_and_cap_strangers() -> None:
@@ -315,7 +326,7 @@ def test_a_member_read_while_the_dht_is_down_answers_with_the_last_one(monkeypat
     pid = records.peer_id_of_subkey(subkey)
     rec = dict(peer_id=pid, mode="dpo", model_name="m", tokenizer_fp="tok", task_id="t", round=3,
                updated=time.time(), arch_fp="", client_mode=False)
-    node = SwarmNode(SwarmConfig(enabled=True, record_ttl_s=20.0), INFO, validate=keep_raw)  # never started
+    node = SwarmPeer(SwarmConfig(enabled=True, record_ttl_s=20.0), INFO, validate=keep_raw)  # never started
     node.dht.peer_id = "me"
     dht = {"value": {subkey: types.SimpleNamespace(value=rec)}, "down": False}
 

@@ -16,9 +16,9 @@ from swarm_node.config import TaskConfig, TrainingConfig
 from swarm_node.errors import UserFacingError
 from swarm_node.evaluation import accuracy_by_part
 from swarm_node.generation.base import Sample
+from swarm_node.grpo.rollouts import Expectations, LocalRollouts, peer_groups, score
 from swarm_node.models.factory import build_tokenizer
 from swarm_node.models.loading import tokenizer_fingerprint
-from swarm_node.node.rollouts import Expectations, LocalRollouts, peer_groups, score
 from swarm_node.protocol import decode_batch, encode_batch
 from swarm_node.tasks import get_task
 from swarm_node.tasks.arithmetic import _ID_RE, ArithmeticTask, _is_held_out
@@ -170,7 +170,7 @@ def _peer_batch(tok, task, round_: int = 2):
 
 def test_a_peer_with_another_mix_is_admitted_and_trained_on(tok):
     from swarm_node.models.factory import PRESETS, build_model
-    from swarm_node.training.grpo_step import GRPOTrainer
+    from swarm_node.training.ftis_step import FTISTrainer
 
     me, peer = ArithmeticTask(mix={"add": 1}), ArithmeticTask(mix={"signed": 1})
     expect = Expectations(swarm_id="s", task_id=me.task_id, tokenizer_fp=tokenizer_fingerprint(tok),
@@ -179,7 +179,7 @@ def test_a_peer_with_another_mix_is_admitted_and_trained_on(tok):
     assert not adm.rejected and len(adm.groups) == 4 and adm.rewards_changed == 0
     assert [g.rewards.tolist() for g in adm.groups] == [[1.0, 1.0, 0.0, 0.0]] * 4  # recomputed by the receiver
     model = build_model(PRESETS["tiny-s"], len(tok), tok.pad_token_id, tok.eos_token_id, seed=0)
-    res = GRPOTrainer(model, TrainingConfig(), tok.pad_token_id, lr_default=1e-3).step(adm.groups)
+    res = FTISTrainer(model, TrainingConfig(), tok.pad_token_id, lr_default=1e-3).step(adm.groups)
     assert res.stepped and res.groups_external == 4
 
 

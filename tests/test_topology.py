@@ -1,4 +1,4 @@
-"""Graphs, Metropolis-Hastings mixing matrices and spectral gaps (swarm_node.gossip.topology)."""
+"""Graphs, Metropolis-Hastings mixing matrices and spectral gaps (swarm_node.dpo.topology)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from swarm_node.gossip import topology as T
+from swarm_node.dpo import topology as T
 
 
 @pytest.mark.parametrize("graph", T.GRAPHS)
@@ -114,7 +114,7 @@ def test_a_ring_widens_to_its_second_neighbours_and_others_stay() -> None:
 
 def test_the_gossip_plan_is_widened_under_the_clipped_rule_only() -> None:
     from swarm_node.config import DPOConfig
-    from swarm_node.gossip.exchange import plan_round
+    from swarm_node.dpo.neighbours import plan_round
 
     ids = [f"p{i}" for i in range(8)]
     clipped = plan_round(DPOConfig(aggregation="clipped"), ids, "p0", 0)

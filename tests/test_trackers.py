@@ -187,7 +187,7 @@ def test_grpo_node_follows_the_schedule_and_reports_it(presets_dir, tmp_path):
     """A real node: metrics.jsonl's `lr` follows warm-up then linear decay, and the optimizer used it."""
     import torch
 
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
 
     torch.set_num_threads(1)
     cfg = load_config(None, ["rounds=4", "training.lr=0.001", "training.lr_schedule=linear",
@@ -213,8 +213,8 @@ def test_dpo_node_follows_the_schedule_and_logs_to_tensorboard(tmp_path):
     import torch
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    from swarm_node.dpo.round import run_dpo_node
     from swarm_node.models.factory import Preset, build_model, build_tokenizer
-    from swarm_node.node.dpo_node import run_dpo_node
 
     torch.set_num_threads(1)
     tok = build_tokenizer()

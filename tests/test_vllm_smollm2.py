@@ -21,8 +21,8 @@ from swarm_node.config import GenerationConfig, LoraConfig, TrainingConfig
 from swarm_node.generation.prompts import PromptEncoder
 from swarm_node.models.loading import load_model
 from swarm_node.tasks.arithmetic import ArithmeticTask
+from swarm_node.training.ftis_step import FTISTrainer
 from swarm_node.training.groups import TrainGroup
-from swarm_node.training.grpo_step import GRPOTrainer
 
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("SWARM_NODE_REQUIRE_VLLM") == "1":
@@ -62,7 +62,7 @@ def groups_of(prompts, out) -> list[TrainGroup]:
                        rewards=np.arange(len(ss), dtype=np.float32)) for p, ss in zip(prompts, out, strict=True)]
 
 
-def gap(trainer: GRPOTrainer, groups: list[TrainGroup]) -> float:
+def gap(trainer: FTISTrainer, groups: list[TrainGroup]) -> float:
     got = trainer.completion_logprobs(groups)
     return max(float(np.max(np.abs(r - b), initial=0.0)) for g, rs in zip(groups, got, strict=True)
                for r, b in zip(rs, g.behaviour_logprobs, strict=True))
@@ -77,7 +77,7 @@ def test_engine_samples_chat_prompts_with_the_trainers_logprobs(engine, loaded, 
     assert any(s.finished for s in flat)
     for s in flat:
         assert s.finished == (int(s.token_ids[-1]) == im_end) and im_end not in s.token_ids[:-1].tolist()
-    g = gap(GRPOTrainer(loaded.model, TrainingConfig(), loaded.tokenizer.pad_token_id), groups_of(prompts, out))
+    g = gap(FTISTrainer(loaded.model, TrainingConfig(), loaded.tokenizer.pad_token_id), groups_of(prompts, out))
     print(f"\nvLLM behaviour log-probs vs the trainer's recompute: max |dlogp| {g:.2e}")
     assert g <= TOLERANCE
 
@@ -90,14 +90,14 @@ def test_weight_sync_after_steps(engine, smollm2_dir, prompts, lora):
                     lora=LoraConfig(enabled=True, r=4, alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None)
     model, pad = lm.model, lm.tokenizer.pad_token_id
     before = copy.deepcopy(model)
-    trainer = GRPOTrainer(model, TrainingConfig(lr=3e-3 if lora else 1e-4, grad_clip=100.0), pad)
+    trainer = FTISTrainer(model, TrainingConfig(lr=3e-3 if lora else 1e-4, grad_clip=100.0), pad)
     engine.sync_weights(model)
     for step in range(2):
         out = engine.generate(prompts, 4, max_new_tokens=8, temperature=1.0, seed=10 + step)
         assert trainer.step(groups_of(prompts, out)).stepped
         engine.sync_weights(model)
     after = groups_of(prompts, engine.generate(prompts, 4, max_new_tokens=8, temperature=1.0, seed=20))
-    new, old = gap(trainer, after), gap(GRPOTrainer(before, TrainingConfig(), pad), after)
+    new, old = gap(trainer, after), gap(FTISTrainer(before, TrainingConfig(), pad), after)
     print(f"\nvLLM vs trainer after 2 steps ({'LoRA merged' if lora else 'full'}): max |dlogp| {new:.2e}; "
           f"the model before the steps: {old:.2e}")
     assert new <= TOLERANCE, (new, old)

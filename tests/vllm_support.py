@@ -19,8 +19,8 @@ import torch
 from swarm_node.config import LoraConfig, TrainingConfig
 from swarm_node.models.factory import build_tokenizer
 from swarm_node.models.loading import load_model
+from swarm_node.training.ftis_step import FTISTrainer
 from swarm_node.training.groups import TrainGroup
-from swarm_node.training.grpo_step import GRPOTrainer
 
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("SWARM_NODE_REQUIRE_VLLM") == "1":
@@ -78,7 +78,7 @@ def step_and_check_sync(engine, model, prompts, lr: float) -> dict:
     engine.sync_weights(model)
     out = engine.generate(prompts, 4, max_new_tokens=8, temperature=1.0, seed=3)
     before = copy.deepcopy(model)
-    trainer = GRPOTrainer(model, TrainingConfig(variant="ftis", lr=lr, grad_clip=100.0), pad_token_id=PAD)
+    trainer = FTISTrainer(model, TrainingConfig(variant="ftis", lr=lr, grad_clip=100.0), pad_token_id=PAD)
     res = trainer.step(as_groups(prompts, out))
     assert res.stepped
     engine.sync_weights(model)
@@ -87,7 +87,7 @@ def step_and_check_sync(engine, model, prompts, lr: float) -> dict:
     trained = trainer.completion_logprobs(groups)  # the trainer's own teacher-forced log-probs
     gap_new = max(float(np.abs(t - s.logprobs).max()) for tt, ss in zip(trained, after, strict=True)
                   for t, s in zip(tt, ss, strict=True))
-    stale = GRPOTrainer(before, TrainingConfig(), pad_token_id=PAD).completion_logprobs(groups)
+    stale = FTISTrainer(before, TrainingConfig(), pad_token_id=PAD).completion_logprobs(groups)
     gap_old = max(float(np.abs(t - s.logprobs).max()) for tt, ss in zip(stale, after, strict=True)
                   for t, s in zip(tt, ss, strict=True))
     return {"gap_new": gap_new, "gap_old": gap_old, "before": before}

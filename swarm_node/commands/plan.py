@@ -75,13 +75,13 @@ def _measure(cfg) -> dict:
     from swarm_node.models.loading import decoder_layers, load_model
     from swarm_node.planning import GIB
     from swarm_node.planning.measure import PeakMeter, measure_training_step, synthetic_groups
-    from swarm_node.training.grpo_step import GRPOTrainer
+    from swarm_node.training.ftis_step import FTISTrainer
 
     g = cfg.generation
     device = "cuda" if cfg.model.device.startswith("cuda") else cfg.model.device
     meter = PeakMeter(device if device != "auto" else ("cuda" if _cuda() else "cpu"))
     lm = load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.model.device, lora=cfg.model.lora)
-    trainer = GRPOTrainer(lm.model, cfg.training, lm.tokenizer.pad_token_id, lr_default=lm.default_lr(),
+    trainer = FTISTrainer(lm.model, cfg.training, lm.tokenizer.pad_token_id, lr_default=lm.default_lr(),
                           temperature=g.temperature,
                           checkpoint_layers=decoder_layers(lm.model) if cfg.training.gradient_checkpointing else (),
                           compute_dtype=lm.dtype)

@@ -46,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(cfg.threads)
     if cfg.mode == "dpo":
-        from swarm_node.node.dpo_node import run_dpo_node
+        from swarm_node.dpo.round import run_dpo_node
 
         return run_dpo_node(cfg, args.state_dir, log_level=args.log_level)
-    from swarm_node.node.grpo_node import run_grpo_node
+    from swarm_node.grpo.round import run_grpo_node
 
     return run_grpo_node(cfg, args.state_dir, log_level=args.log_level)
 

@@ -1,7 +1,8 @@
-"""What runs inside one node process: the round loop both modes share, one GRPO and one DPO round, and
-their per-process services.
+"""What one node process runs whatever its mode: the round loop and the per-process services.
 
-loop (the daemon), grpo_node / dpo_node (a round of each mode), admission + rollouts + defences + reasons
-(what of a peer's batch is trained on, and why the rest is not), rows + metrics (one typed row per round,
-metrics.jsonl and Prometheus), checkpoint, progress, stopping, logs. Launching many nodes is `swarm_node.runs`.
+loop (the daemon: resume, join, rounds, checkpoints, stop; `RoundNode`, `run_node`), rows + metrics (one
+typed row per round, metrics.jsonl and Prometheus), reasons (every reason either mode counts a refusal
+under), checkpoint, progress, stopping, logs, trackers, timing. Each mode's round and its policy is a
+folder of its own, above this one: `swarm_node/grpo/`, `swarm_node/dpo/`. Launching many nodes is
+`swarm_node.runs`.
 """

@@ -20,12 +20,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
+
 from swarm_node.node.checkpoint import CheckpointWriteError, failed_save_line, restore_newest, save_checkpoint
 from swarm_node.node.logs import setup_logging
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress
 from swarm_node.node.rows import RoundRow
 from swarm_node.node.stopping import StopFlag
+from swarm_node.training.lr_schedule import lr_factor
+from swarm_node.training.optim import set_lr
 
 log = logging.getLogger("swarm_node.node")
 
@@ -33,8 +37,9 @@ log = logging.getLogger("swarm_node.node")
 class RoundNode:
     """What the loop needs of a node; GRPONode and DPONode are the two kinds.
 
-    A subclass sets `cfg`, `state_dir`, `loaded` (the model), `trainer` (with `state_dict` and
-    `load_state_dict`) and `metrics`, calls `_start_rounds()`, and implements `run_round`.
+    A subclass calls `__init__` first (the config, the state dir, the torch seed), then sets `loaded` (the
+    model), `trainer` (with `lr`, `optimizer`, `state_dict` and `load_state_dict`) and `metrics`, calls
+    `_start_rounds()`, and implements `run_round`, which sets its learning rate with `apply_lr_schedule`.
     """
 
     MODE: ClassVar[str] = ""
@@ -50,6 +55,13 @@ class RoundNode:
     trainer: Any
     metrics: MetricsWriter
 
+    def __init__(self, cfg: Any, state_dir: Path) -> None:
+        """The one place both modes seed torch (parameter init of a LoRA adapter, dropout), before any model
+        is built."""
+        self.cfg = cfg
+        self.state_dir = Path(state_dir)
+        torch.manual_seed(cfg.seed)
+
     def _start_rounds(self) -> None:
         self.last_round = self.FIRST_ROUND - 1  # nothing trained yet
         self.saved_round = self.last_round  # the last round in a checkpoint (the model as loaded: never saved)
@@ -61,6 +73,19 @@ class RoundNode:
 
     def finished(self) -> bool:
         return self.cfg.rounds is not None and self.rounds_done >= self.cfg.rounds
+
+    def round_lr(self) -> float:
+        """The learning rate of round `last_round + 1`: the trainer's base lr times training.lr_schedule's factor
+        at the round's 0-based place among trained rounds (`rounds_done`), so GRPO (rounds from 1) and DPO
+        (from 0) follow one curve over their `rounds`."""
+        t = self.cfg.training
+        return self.trainer.lr * lr_factor(t.lr_schedule, self.rounds_done, t.warmup_rounds, self.cfg.rounds)
+
+    def apply_lr_schedule(self) -> float:
+        """Set `round_lr()` on the optimizer (both modes, before the round's training) and return it."""
+        lr = self.round_lr()
+        set_lr(self.trainer.optimizer, lr)
+        return lr
 
     def eval_due(self, round_: int) -> bool:
         """Every `metrics.eval_every` rounds, and the run's last round."""

@@ -4,7 +4,7 @@ A round's `rejected` dict in metrics.jsonl, the `swarm_node_rejected_total{reaso
 the report's table of rejections all read their names and meanings from here. Reasons are fixed names
 chosen by this code, never by a peer, so the exported label set stays bounded.
 
-- The node's own reasons (`REASONS`), named where they are counted (node/admission.py, node/rollouts.py,
+- The node's own reasons (`REASONS`), named where they are counted (grpo/admission.py, grpo/rollouts.py,
   the GRPO round's out-of-memory fallback).
 - Families named by a layer below, counted as `<family>:<reason>`: `protocol:` the wire decoder's refusals
   (`swarm_node.protocol.errors.REASONS`), `swarm:` the swarm layer's refusals of records, announcements,
@@ -21,14 +21,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from swarm_node.gossip.reasons import PARAM_REASONS  # the `params:` family: gossip/ names them
 from swarm_node.protocol.errors import REASONS as PROTOCOL_REASONS
+from swarm_node.swarm.averaging.reasons import (
+    PARAM_REASONS,  # the `params:` family: the DPO payload codec names them
+)
 from swarm_node.swarm.reasons import REJECTED as SWARM_REASONS
 
 REASONS: dict[str, str] = {
-    # the decode thread's payload check (node/admission.py check_payload), before the batch is buffered
+    # the decode thread's payload check (grpo/admission.py check_payload), before the batch is buffered
     "round_mismatch": "the payload's round is not the round its announcement named",
-    # a peer batch against what this node can use (node/rollouts.py peer_groups): whole batch
+    # a peer batch against what this node can use (grpo/rollouts.py peer_groups): whole batch
     "swarm_mismatch": "batch of another swarm id",
     "task_mismatch": "batch of another task",
     "tokenizer_mismatch": "batch tokenized with another tokenizer",
@@ -39,7 +41,7 @@ REASONS: dict[str, str] = {
     "prompt_mismatch": "prompt token ids differ from this node's encoding of the rebuilt prompt",
     "group_too_small": "a group with fewer than two completions (no advantage to compute)",
     "reward_out_of_range": "a claimed reward that is not finite or too large (only with trust_peer_rewards)",
-    # the defences (node/defences.py), driven by node/admission.py
+    # the defences (grpo/defences.py), driven by grpo/admission.py
     "newcomer_capped": "a batch of an identity not yet established, beyond this round's newcomer slots",
     "duplicate_completion": "a completion already seen this window (a replay, maybe under another identity)",
     "replayed_group": "a group left with fewer than two fresh completions after removing replays",

@@ -169,8 +169,8 @@ class DPORow(RoundRow):
     weights: dict[str, float] = field(default_factory=dict)
     clipped: list[str] = field(default_factory=list)  # neighbours pulled in to the clip radius (robust averaging)
     clip_radius: float | None = None  # None: nothing could be clipped (plain averaging, too few neighbours)
-    pull_ratio: float | None = None  # robust gossip: how far averaging moved us / sum_j W_ij ||x_j - x_i|| (gossip/bypass.py)
-    routed_around: list[str] = field(default_factory=list)  # neighbours missing dpo.bypass_after rounds (gossip/bypass.py)
+    pull_ratio: float | None = None  # robust gossip: how far averaging moved us / sum_j W_ij ||x_j - x_i|| (dpo/bypass.py)
+    routed_around: list[str] = field(default_factory=list)  # neighbours missing dpo.bypass_after rounds (dpo/bypass.py)
     user: int | str | None = None
     peer_id: str = ""
     seconds: float = 0.0

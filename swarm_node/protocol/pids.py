@@ -6,7 +6,7 @@ split into a template, its text with every canonical decimal run (no leading zer
 first MAX_NUMBERS of them) replaced by HOLE, and those numbers; the body carries the distinct templates
 once, a template index per group and one column of all the numbers. Every valid id survives
 exactly: decoding puts str(n) back into each hole. A decoded id is only a claim: the receiver rebuilds
-the prompt from it and checks it against the prompt's token ids (node/rollouts.py).
+the prompt from it and checks it against the prompt's token ids (grpo/rollouts.py).
 """
 
 from __future__ import annotations

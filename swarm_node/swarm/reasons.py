@@ -1,6 +1,6 @@
 """Every reason the swarm layer counts, in one registry (peers choose none of these names).
 
-A refusal of what a peer sent or did is counted under one of `REJECTED` (`SwarmNode.stats()["rejected"]`;
+A refusal of what a peer sent or did is counted under one of `REJECTED` (`SwarmPeer.stats()["rejected"]`;
 a node's metrics show it as `swarm:<reason>`, docs/protocol.md lists what each means). What the node's
 own validator refuses is counted under the validator's reasons (`payload_refused`), except a validator
 that raises something else, which is the swarm's `VALIDATE_ERROR`. `EVENTS` are buffer events that are
@@ -13,7 +13,8 @@ from __future__ import annotations
 # ---- downloading a blob (swarm/transfer.py, the download side) ----
 TIMEOUT = "timeout"  # no complete blob (or no DHT announcement of it) within the deadline
 STALLED = "stalled"  # no byte for download_stall_s: a stream that did not open, or a sender that stopped
-TOO_LARGE = "too_large"  # announced or sent more bytes than max_batch_bytes
+TOO_LARGE = "too_large"  # announced or sent more bytes than the cap of its kind (batch: max_batch_bytes or the
+# GRPO node's receive limits; params: dpo.max_payload_bytes)
 STREAM_ERROR = "stream_error"  # the stream could not be opened or broke mid-blob (retried)
 NOT_FOUND = "not_found"  # the peer no longer keeps that round
 BUSY = "busy"  # the peer had no upload slot free (retried within the deadline, never counted on its own)

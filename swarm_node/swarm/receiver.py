@@ -120,11 +120,13 @@ class BatchReceiver:
 
     def __init__(self, cfg: SwarmConfig, validate: Validator | None, *, view: PeerView, membership: Membership,
                  dht: DHTSupervisor, loop: LoopThread, counters: SwarmCounters, keep: int,
-                 log: logging.Logger, batch_cap: int | None = None, rank: Rank | None = None) -> None:
+                 log: logging.Logger, batch_cap: int | None = None, params_cap: int | None = None,
+                 rank: Rank | None = None) -> None:
         self.cfg = cfg
         self.validate = validate
-        # the largest batch we download; other kinds (DPO parameters) keep swarm.max_batch_bytes
+        # the largest batch we download, and the largest DPO parameter payload (dpo.max_payload_bytes)
         self.batch_cap = min(cfg.max_batch_bytes, batch_cap or cfg.max_batch_bytes)
+        self.params_cap = params_cap or cfg.max_batch_bytes
         self.keep = keep  # rounds a peer keeps (so an older round is known to be gone)
         self.log = log
         self.intake = Intake(
@@ -246,7 +248,7 @@ class BatchReceiver:
     async def _download(self, kind: str, peer_id: str, entry: BlobEntry,
                         timeout: float) -> tuple[bytes | None, str | None]:
         """One download -> (payload, None), or (None, reason) after a counted, logged rejection."""
-        limit = self.batch_cap if kind == "batch" else self.cfg.max_batch_bytes
+        limit = self.batch_cap if kind == "batch" else self.params_cap
         if entry.size > limit:
             self.counters.reject(reasons.TOO_LARGE, peer_id, f"{kind} round {entry.round}: announced {entry.size} "
                                  f"bytes > limit {limit}")
@@ -273,7 +275,7 @@ class BatchReceiver:
     def take(self, k: int, accept: Accept | None = None, *, lockstep: bool = False, round_: int = 0,
              staleness: int = 0, deadline_s: float = 0.0, choose: Callable[[list, int], list[int]] | None = None,
              closed: Callable[[], bool] = lambda: False) -> list[Received]:
-        """Up to k buffered batches of distinct peers (see SwarmNode.receive)."""
+        """Up to k buffered batches of distinct peers (see SwarmPeer.receive)."""
         def ok(offer: Offer) -> bool:
             return accepts(accept, offer.info["member"])
 

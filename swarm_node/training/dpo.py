@@ -154,6 +154,7 @@ class DPOTrainer:
         self.model = model
         self.tokenizer = tokenizer
         self.beta = beta
+        self.lr = lr  # the base learning rate the round's schedule scales (node/loop.py)
         self.batch_size = batch_size
         self.max_length = max_length
         self.grad_clip = grad_clip

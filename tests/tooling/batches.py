@@ -108,7 +108,7 @@ def preset_batches(preset: str, seed: int, rounds: int = 1, prompts: int = 16, g
     from pathlib import Path
 
     from swarm_node.config import NodeConfig
-    from swarm_node.node.grpo_node import GRPONode
+    from swarm_node.grpo.round import GRPONode
 
     cfg = NodeConfig.model_validate({
         "seed": seed, "model": {"path": preset},

@@ -1,6 +1,6 @@
-"""SwarmNodes that exchange parameters as DPO nodes do, and SIGKILLs of one node's DHT child (test tooling).
+"""SwarmPeers that exchange parameters as DPO nodes do, and SIGKILLs of one node's DHT child (test tooling).
 
-Each node runs rounds in a thread, as node/dpo_node.py does: publish `payload` bytes of "parameters" for
+Each node runs rounds in a thread, as dpo/round.py does: publish `payload` bytes of "parameters" for
 round r, read the live DPO peers (`live_peers`), fetch the same round from both of its neighbours on the
 ring over the sorted live ids (in parallel, DEADLINE_S each), then `step_s` of local steps. The swarm
 settings are the DPO demo's (peers/dpo-ring-*.yaml: heartbeat 2 s, record TTL 20 s, 20 s fetch deadline).
@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode
+from swarm_node.swarm import PeerInfo, SwarmPeer
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 DEADLINE_S = 20.0  # peers/dpo-ring-*.yaml: dpo.gossip_deadline_s
@@ -43,9 +43,9 @@ def kill_and_watch(n: int, kills: int, *, seed: int = 0, payload: int = 2_000_00
     """n nodes in DPO rounds; node 0's DHT child SIGKILLed `kills` times, gap_s apart. Per kill and ring
     neighbour of node 0: seconds from the kill until the neighbour held node 0's next round (`held_s`),
     whether it got it, the child's restart time and how long after the kill node 0 published that round."""
-    nodes = [SwarmNode(_cfg(), INFO, validate=None).start()]
+    nodes = [SwarmPeer(_cfg(), INFO, validate=None).start()]
     try:
-        nodes += [SwarmNode(_cfg(initial_peers=nodes[0].visible_maddrs()), INFO, validate=None).start()
+        nodes += [SwarmPeer(_cfg(initial_peers=nodes[0].visible_maddrs()), INFO, validate=None).start()
                   for _ in range(n - 1)]
     except BaseException:
         for node in nodes:

@@ -1,4 +1,4 @@
-"""Just enough of SwarmNode for DPONode's exchange: a fixed membership whose parameter payloads a test chooses."""
+"""Just enough of SwarmPeer for DPONode's exchange: a fixed membership whose parameter payloads a test chooses."""
 
 from __future__ import annotations
 

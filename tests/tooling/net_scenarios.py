@@ -311,7 +311,7 @@ def link_cut(work: Path, down_s: float = 60.0, timeout_s: float = 120.0, seed: i
             run.stop()
 
 
-REJOIN_LINE = "known peer(s) answered a ping; rejoining"  # swarm/node.py, SwarmNode._rejoin_if_alone
+REJOIN_LINE = "known peer(s) answered a ping; rejoining"  # swarm/peer.py, SwarmPeer._rejoin_if_alone
 UNREACHABLE_LINE = "unreachable from here"  # swarm/addresses.py, unreachable_warning
 
 
@@ -327,13 +327,13 @@ def _sum_dicts(dicts) -> dict[str, int]:
 SYNTHETIC = r"""
 import json, os, sys, time
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
+from swarm_node.swarm import PeerInfo, SwarmPeer, keep_raw
 boot, host, out, stop, round_s, nbytes, k, deadline = sys.argv[1:9]
 round_s, nbytes, k, deadline = float(round_s), int(nbytes), int(k), float(deadline)
 cfg = SwarmConfig(enabled=True, swarm_id="netlab-thin", initial_peers=boot.split(","), host_maddrs=[f"/ip4/{host}/tcp/0"],
                   max_peers_per_round=k, heartbeat_s=1.0, record_ttl_s=8.0, collect_deadline_s=deadline,
                   bootstrap_retries=5, bootstrap_timeout_s=30)
-node = SwarmNode(cfg, PeerInfo("grpo", "synthetic", "tok", "synthetic"), validate=keep_raw).start()
+node = SwarmPeer(cfg, PeerInfo("grpo", "synthetic", "tok", "synthetic"), validate=keep_raw).start()
 rows, r = [], 0
 with open(out + ".id", "w") as f:
     f.write(node.peer_id)

@@ -1,4 +1,4 @@
-"""Structure-aware fuzzing of the DPO parameter payload codec and its receive path (gossip/payload.py, mixing.py).
+"""Structure-aware fuzzing of the DPO parameter payload codec and its receive path (swarm/averaging/payload.py, mixing.py).
 
 Used by tests/test_fuzz.py and benchmarks/fuzz_params.py. Cases are valid payloads (random shapes, values and
 compressions) with a header field, a tensor's length prefix or a field of a tensor's protobuf message
@@ -23,8 +23,15 @@ import numpy as np
 import torch
 from hivemind.proto import runtime_pb2
 
-from swarm_node.gossip import mixing
-from swarm_node.gossip.payload import COMPRESSIONS, MAGIC, VERSION, PayloadError, decode_params, encode_params
+from swarm_node.dpo import mixing
+from swarm_node.swarm.averaging.payload import (
+    COMPRESSIONS,
+    MAGIC,
+    VERSION,
+    PayloadError,
+    decode_params,
+    encode_params,
+)
 from tests.tooling.fuzzing import FuzzStats, pick, run_case
 
 HEADER = struct.Struct("<4sB16sI")

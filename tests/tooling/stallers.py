@@ -6,7 +6,7 @@ protocol and, when a target asks for the batch over the blob protocol, reads the
 `silent`: never answers, or `trickle`: answers "found" with the announced size and sends one byte a second.
 A new identity costs nothing, so a node must not let such peers hold its download slots.
 
-Everything runs on one asyncio loop (a SwarmNode's LoopThread, or asyncio.run).
+Everything runs on one asyncio loop (a SwarmPeer's LoopThread, or asyncio.run).
 """
 
 from __future__ import annotations

@@ -21,15 +21,15 @@ from swarm_node.config import NodeConfig
 from swarm_node.evaluation import eval_metrics, evaluate
 from swarm_node.generation import make_generator
 from swarm_node.generation.prompts import PromptEncoder, chat_template_setting
+from swarm_node.grpo.admission import Admission, payload_check
+from swarm_node.grpo.limits import receive_limits
+from swarm_node.grpo.pipeline import PipelinedSampler
+from swarm_node.grpo.rollouts import Expectations, LocalRollouts, score
 from swarm_node.models.loading import LoadedModel, decoder_layers, load_model
-from swarm_node.node.admission import Admission, payload_check
 from swarm_node.node.checkpoint import model_record
-from swarm_node.node.limits import receive_limits
 from swarm_node.node.loop import RoundNode, run_node
 from swarm_node.node.metrics import MetricsWriter
-from swarm_node.node.pipeline import PipelinedSampler
 from swarm_node.node.reasons import Rejections, from_swarm
-from swarm_node.node.rollouts import Expectations, LocalRollouts, score
 from swarm_node.node.rows import GRPORow, SwarmCosts
 from swarm_node.node.stopping import StopFlag
 from swarm_node.node.timing import RoundClock
@@ -38,16 +38,14 @@ from swarm_node.planning.memory import engine_sleeps
 from swarm_node.protocol import encode_batch
 from swarm_node.tasks import get_task
 from swarm_node.tasks.base import Task
+from swarm_node.training.ftis_step import FTISTrainer
 from swarm_node.training.groups import TrainGroup
-from swarm_node.training.grpo_step import GRPOTrainer
-from swarm_node.training.lr_schedule import lr_factor
-from swarm_node.training.optim import set_lr
 
 log = logging.getLogger("swarm_node.node")
 
 
 @dataclass
-class Exchange:
+class ExchangeResult:
     """What one round's exchange brought in (groups to train on) and what it cost."""
 
     groups: list[TrainGroup] = field(default_factory=list)
@@ -68,8 +66,7 @@ class GRPONode(RoundNode):
     FIRST_ROUND = 1  # round 0 is the evaluation of the model as loaded
 
     def __init__(self, cfg: NodeConfig, state_dir: Path, loaded: LoadedModel | None = None):
-        self.cfg = cfg
-        self.state_dir = Path(state_dir)
+        super().__init__(cfg, state_dir)
         # before a weight is loaded: a config that cannot fit the device is refused in one line
         self.plan = check_fits(cfg) if loaded is None else None
         self.loaded = loaded or load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.model.device,
@@ -80,7 +77,7 @@ class GRPONode(RoundNode):
         self.task: Task = get_task(cfg.task)
         self.generator = make_generator(self.loaded, cfg.generation, sleep=engine_sleeps(cfg),
                                         engine_share=self.plan.engine_share() if self.plan and self.plan.engine else None)
-        self.trainer = GRPOTrainer(self.loaded.model, cfg.training, self.tok.pad_token_id,
+        self.trainer = FTISTrainer(self.loaded.model, cfg.training, self.tok.pad_token_id,
                                    lr_default=self.loaded.default_lr(), temperature=cfg.generation.temperature,
                                    checkpoint_layers=decoder_layers(self.loaded.model)
                                    if cfg.training.gradient_checkpointing else (),
@@ -129,12 +126,12 @@ class GRPONode(RoundNode):
                      sw.join_wait_s)
 
     def join_swarm(self) -> None:
-        from swarm_node.swarm import PeerInfo, SwarmNode
+        from swarm_node.swarm import PeerInfo, SwarmPeer
 
         info = PeerInfo(mode="grpo", model_name=self.loaded.name, tokenizer_fp=self.loaded.tokenizer_fp,
                         task_id=self.task.task_id)
         # decode + wire checks on the swarm's decode thread; pushes and downloads only from usable peers
-        self.swarm = SwarmNode(self.cfg.swarm, info, validate=payload_check(self.limits),
+        self.swarm = SwarmPeer(self.cfg.swarm, info, validate=payload_check(self.limits),
                                accept=self.admission.accepts_peer, batch_cap=self.limits.max_compressed_bytes,
                                rank=self.admission.download_rank,
                                logger=logging.getLogger("swarm_node.swarm"))
@@ -221,7 +218,7 @@ class GRPONode(RoundNode):
         return local, version, generated, gen_s
 
     def exchange(self, local: LocalRollouts, round_: int, *, version: int | None = None,
-                 generated: float | None = None) -> Exchange:
+                 generated: float | None = None) -> ExchangeResult:
         """Publish our batch, receive what peers sent, admit what of it we train on.
 
         Async exchange (default): takes what has arrived since the last round, without waiting; nothing
@@ -230,9 +227,9 @@ class GRPONode(RoundNode):
         """
         if self.swarm is None:
             if self.external_source is None:
-                return Exchange()
+                return ExchangeResult()
             groups = self.external_source(round_)
-            return Exchange(groups=groups, groups_by_peer={"in-process": len(groups)})
+            return ExchangeResult(groups=groups, groups_by_peer={"in-process": len(groups)})
         sw = self.cfg.swarm
         # publish
         batch = local.to_batch(swarm_id=sw.swarm_id, task_id=self.task.task_id,
@@ -255,7 +252,7 @@ class GRPONode(RoundNode):
         admitted = self.admission.admit(intake.batches, round_)
         rejected = from_swarm(intake.rejected, intake.payload_refused)  # swarm:*, and the decode thread's protocol:*, round_mismatch
         rejected.update(admitted.rejected)
-        return Exchange(
+        return ExchangeResult(
             groups=admitted.groups, rejected=rejected, groups_by_peer=admitted.groups_by_peer,
             rewards_overridden=admitted.rewards_overridden, collect_s=intake.waited_s,
             bytes_out=len(payload), bytes_in=intake.payload_bytes_in,
@@ -284,9 +281,7 @@ class GRPONode(RoundNode):
             ex = self.exchange(local, r, version=version, generated=generated)
         external = ex.groups
         t1 = time.perf_counter()
-        t = self.cfg.training
-        lr_now = self.trainer.lr * lr_factor(t.lr_schedule, r - 1, t.warmup_rounds, self.cfg.rounds)
-        set_lr(self.trainer.optimizer, lr_now)
+        lr_now = self.apply_lr_schedule()
         log.debug("round %d: training step on %d external groups", r, len(external))  # fault tests watch this
         if self.pipe is None:
             self.generator.release()  # vLLM on a GPU sleeps: the step has the card
@@ -356,8 +351,4 @@ class GRPONode(RoundNode):
 def run_grpo_node(cfg: NodeConfig, state_dir: Path, log_level: str = "info") -> int:
     """Run until cfg.rounds rounds are done or SIGINT/SIGTERM; checkpoint and leave cleanly; exit code."""
 
-    def make() -> GRPONode:
-        torch.manual_seed(cfg.seed)
-        return GRPONode(cfg, state_dir)
-
-    return run_node(make, log_level)
+    return run_node(lambda: GRPONode(cfg, state_dir), log_level)

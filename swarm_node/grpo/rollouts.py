@@ -4,7 +4,7 @@ Local samples become TrainGroups and a RolloutBatch to publish; a peer's decoded
 TrainGroups (`peer_groups`) only where it matches what this node can use (swarm, task, tokenizer, vocab),
 each prompt is rebuilt from its id, and (by default) every reward is recomputed locally: peers' claimed
 rewards are not trusted. The defences against hostile but well-formed batches (replays, fabricated
-log-probs, Sybils) are node/defences.py; node/admission.py runs both in order.
+log-probs, Sybils) are grpo/defences.py; grpo/admission.py runs both in order.
 """
 
 from __future__ import annotations

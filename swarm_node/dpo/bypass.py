@@ -21,7 +21,7 @@ A neighbour can also stop us without ever being refused: a dissensus attacker (H
 neighbours. On a ring (two neighbours, one of them the attacker) nothing tells the two apart, and the
 node stays where its own data takes it (measured: the attacker's two neighbours end at chance, and their
 other neighbours then refuse them). What does show is that averaging no longer moves the node:
-`pull_ratio` (gossip/mixing.py) is about 0.7 between honest neighbours and 0 under this attack. After
+`pull_ratio` (dpo/mixing.py) is about 0.7 between honest neighbours and 0 under this attack. After
 `after` rounds in a row with a ratio under `stall_ratio`, the node also averages with the graph
 neighbours of every neighbour it averaged with, for STALL_HOLD rounds: on a ring, two more honest nodes,
 whose pulls one point can no longer cancel within the clip radius. Like routing around, it only adds

@@ -2,8 +2,8 @@
 
 `DPONode` holds one node's state between rounds; its lifecycle (resume from the newest readable
 checkpoint, join, rounds, checkpoints, stop, leave) is the loop both modes share (node/loop.py), started
-by `run_dpo_node`. Who averages with whom is decided in `swarm_node/gossip/exchange.py`, the averaging
-math is `gossip/mixing.py`.
+by `run_dpo_node`. Who averages with whom is decided in `swarm_node/dpo/neighbours.py`, the averaging
+math is `dpo/mixing.py`.
 
 Rounds are numbered from 0 (round 0 already trains; gossip rounds are matched by number). A checkpoint of
 round r holds the parameters after round r's average, the optimizer and the batch sampler's RNG, so a
@@ -22,23 +22,21 @@ from pathlib import Path
 import torch
 
 from swarm_node.config import NodeConfig
-from swarm_node.gossip import mixing, topology
-from swarm_node.gossip.allreduce import AllReduce
-from swarm_node.gossip.bypass import STALL_HOLD, Bypass
-from swarm_node.gossip.exchange import GossipExchange, RoundPlan, plan_round
-from swarm_node.gossip.payload import encode_params
-from swarm_node.gossip.robust import RobustAverager
-from swarm_node.gossip.vectors import arch_fingerprint, get_params, params_digest, params_probe, set_params
+from swarm_node.dpo import mixing, topology
+from swarm_node.dpo.bypass import STALL_HOLD, Bypass
+from swarm_node.dpo.neighbours import Neighbourhood, RoundPlan, plan_round
+from swarm_node.dpo.robust import RobustAverager
+from swarm_node.dpo.vectors import arch_fingerprint, get_params, params_digest, params_probe, set_params
 from swarm_node.node.loop import RoundNode, run_node
 from swarm_node.node.metrics import MetricsWriter
 from swarm_node.node.progress import RoundProgress, dpo_round_line
 from swarm_node.node.reasons import Rejections
 from swarm_node.node.rows import DPORow
 from swarm_node.node.stopping import StopFlag
+from swarm_node.swarm.averaging.allreduce import AllReduce
+from swarm_node.swarm.averaging.payload import encode_params
 from swarm_node.tasks.preferences import node_preferences
 from swarm_node.training.dpo import DPOTrainer, HeldOut
-from swarm_node.training.lr_schedule import lr_factor
-from swarm_node.training.optim import set_lr
 from swarm_node.training.params import trainable_named
 
 log = logging.getLogger("swarm_node.dpo")
@@ -56,10 +54,8 @@ class DPONode(RoundNode):
     def __init__(self, cfg: NodeConfig, state_dir: Path) -> None:
         from swarm_node.models.loading import load_model
 
+        super().__init__(cfg, state_dir)
         d = cfg.dpo
-        self.cfg = cfg
-        self.state_dir = Path(state_dir)
-        torch.manual_seed(cfg.seed)
         lora = cfg.model.lora if cfg.model.lora.enabled else None
         self.loaded = load_model(cfg.model.path, dtype=cfg.model.dtype, device=cfg.model.device, lora=lora,
                                  name=cfg.model.name)
@@ -78,7 +74,7 @@ class DPONode(RoundNode):
         self.arch_fp = arch_fingerprint(self.model)
         self.shapes = [p.shape for _, p in trainable_named(self.model)]
         self.metrics = MetricsWriter.from_config(self.state_dir, cfg, node_name=self.loaded.name)
-        self.exchange = GossipExchange(d, None, self.arch_fp)
+        self.neighbourhood = Neighbourhood(d, None, self.arch_fp)
         self.allreduce: AllReduce | None = None
         self.rejects = mixing.RejectCounter()  # running totals; rows carry each round's change
         self._rejects_before: Counter = Counter()
@@ -104,18 +100,19 @@ class DPONode(RoundNode):
         if not self.cfg.swarm.enabled or self.cfg.dpo.averaging == "none":
             return
         self.join_swarm()
-        self.exchange.wait_for_peers(lambda: bool(stop))
+        self.neighbourhood.wait_for_peers(lambda: bool(stop))
         if self.cfg.dpo.averaging == "gossip":
             self.catch_up()
 
     def join_swarm(self) -> None:
-        from swarm_node.swarm import PeerInfo, SwarmNode
+        from swarm_node.swarm import PeerInfo, SwarmPeer
 
         info = PeerInfo(mode="dpo", model_name=self.loaded.name, tokenizer_fp=self.loaded.tokenizer_fp,
                         task_id=self.data.task_id, arch_fp=self.arch_fp)
         # DPO takes no rollout batches: parameters come by fetch
-        swarm = SwarmNode(self.cfg.swarm, info, validate=None, logger=logging.getLogger("swarm_node.swarm")).start()
-        self.exchange = GossipExchange(self.cfg.dpo, swarm, self.arch_fp)
+        swarm = SwarmPeer(self.cfg.swarm, info, validate=None, params_cap=self.cfg.dpo.max_payload_bytes,
+                          logger=logging.getLogger("swarm_node.swarm")).start()
+        self.neighbourhood = Neighbourhood(self.cfg.dpo, swarm, self.arch_fp)
         swarm.set_round(self.last_round + 1)
         self.last_stats = swarm.stats()
         d = self.cfg.dpo
@@ -129,20 +126,20 @@ class DPONode(RoundNode):
         round 30 would fetch round-12 parameters nobody serves any more, and its neighbours would miss it
         in every round. Skipped rounds leave no metrics rows.
         """
-        ahead = max(self.exchange.peer_rounds().values(), default=-1)
+        ahead = max(self.neighbourhood.peer_rounds().values(), default=-1)
         if ahead > self.last_round + 1:
             log.info("neighbours are at round %d: catching up from round %d", ahead, self.last_round + 1)
             self.last_round = ahead - 1
 
     def leave(self) -> None:
-        self.exchange.linger(self.last_round + 1, self.neighbours)
+        self.neighbourhood.linger(self.last_round + 1, self.neighbours)
 
     def close(self) -> None:
         self.metrics.close()
         if self.allreduce is not None:
             self.allreduce.close()
             self.allreduce = None
-        self.exchange.close()
+        self.neighbourhood.close()
 
     # ---- one round ---------------------------------------------------------------------------------
 
@@ -151,20 +148,18 @@ class DPONode(RoundNode):
 
         `evaluate` is asked after averaging, so a round interrupted by a signal is still evaluated.
         """
-        d, swarm, r, t0 = self.cfg.dpo, self.exchange.swarm, self.last_round + 1, time.time()
+        d, swarm, r, t0 = self.cfg.dpo, self.neighbourhood.swarm, self.last_round + 1, time.time()
         if swarm:
             swarm.set_round(r)
-        t = self.cfg.training  # the shared lr schedule: training.lr_schedule / warmup_rounds, over DPO rounds
-        set_lr(self.trainer.optimizer, self.trainer.optimizer.defaults["lr"] *
-               lr_factor(t.lr_schedule, r, t.warmup_rounds, self.cfg.rounds))
+        self.apply_lr_schedule()  # training.lr_schedule / warmup_rounds, as in GRPO (node/loop.py)
         if self.robust is not None and not self.robust.anchored:  # our own update is measured from here
             self.robust.averaged(get_params(self.model))
         log.debug("round %d: %d local DPO steps", r, d.local_steps)  # fault tests watch this
         step = self.trainer.local_steps(d.local_steps)
         own = get_params(self.model)
         payload = encode_params(own, self.arch_fp, d.compression)
-        ids = self.exchange.peers()
-        me = self.exchange.self_id
+        ids = self.neighbourhood.peers()
+        me = self.neighbourhood.self_id
         plan = plan_round(d, ids, me, r)
         around = sorted(self.bypass.routed_around() & set(ids)) if d.averaging == "gossip" else []
         if around:
@@ -173,11 +168,11 @@ class DPONode(RoundNode):
         to_fetch = [] if self.allreduce is not None else plan.to_fetch
         if swarm and self.allreduce is None:
             swarm.publish("params", r, payload)
-        received = self.exchange.fetch_all(to_fetch, r)
-        limit = self.cfg.swarm.max_batch_bytes
+        received = self.neighbourhood.fetch_all(to_fetch, r)
+        limit = d.max_payload_bytes
         allreduce_bytes = 0
         if self.allreduce is not None:
-            res = self.allreduce.average(own, plan.participants, me)
+            res = mixing.allreduce_result(self.allreduce, own, plan.participants, me)
             k = len(res.present) + 1  # butterfly all-reduce: each node sends and receives 2 (k-1)/k payloads
             allreduce_bytes = int(2 * (k - 1) / k * len(payload)) if res.present else 0
         elif d.averaging == "federated":

@@ -2,7 +2,7 @@
 
 The same functions serve the in-process simulation (tests, benchmarks) and the networked node, so what
 the tests measure is what runs. Neighbours that sent nothing, a bad payload, or (with a `RobustAverager`,
-gossip/robust.py) parameters it refuses are missing, and our row of the Metropolis-Hastings matrix is
+dpo/robust.py) parameters it refuses are missing, and our row of the Metropolis-Hastings matrix is
 rebuilt on the live subgraph; with it, the accepted neighbours are clipped before they are averaged.
 """
 
@@ -12,13 +12,18 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from swarm_node.gossip.payload import PayloadError, decode_params
-from swarm_node.gossip.robust import RobustAverager, distance
-from swarm_node.gossip.topology import mixing_matrix_from_adjacency
+from swarm_node.dpo.robust import RobustAverager, distance
+from swarm_node.dpo.topology import mixing_matrix_from_adjacency
+from swarm_node.dpo.vectors import params_sq_distance
+from swarm_node.swarm.averaging.payload import PayloadError, decode_params
+
+if TYPE_CHECKING:
+    from swarm_node.swarm.averaging.allreduce import AllReduce
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +150,7 @@ def gossip_step(
     (federated mode ends bit-identical). Neighbours that sent nothing, or a payload that fails validation,
     count as missing and the row is re-weighted on the live subgraph (minus `known_missing` too: peers
     the membership shows gone, so that rows of nodes that are not its neighbours agree). With `robust`,
-    replays and outliers are refused too, and the rest are clipped (ClippedGossip, gossip/robust.py).
+    replays and outliers are refused too, and the rest are clipped (ClippedGossip, dpo/robust.py).
     """
     rejects = rejects if rejects is not None else RejectCounter()
     own = decode_params(own_payload, shapes, arch_fp, compression)
@@ -185,7 +190,7 @@ def federated_step(
     Every node decodes the same bytes and sums them in the same order, so all nodes that received every
     participant end the round with bit-identical parameters. A node outside the sample adopts the
     average; if no participant arrived it keeps its own parameters. With `robust`, replays and outliers are
-    refused and the rest clipped around the participants' coordinate-wise median (gossip/robust.py), the
+    refused and the rest clipped around the participants' coordinate-wise median (dpo/robust.py), the
     same computation on every node.
     """
     rejects = rejects if rejects is not None else RejectCounter()
@@ -208,3 +213,20 @@ def federated_step(
     if clip is not None:
         res.clipped, res.clip_radius = clip.clipped, clip.radius
     return res
+
+
+def allreduce_result(allreduce: AllReduce, own: list[torch.Tensor], participants: Sequence[str],
+                     me: str) -> GossipResult:
+    """A federated round through hivemind's all-reduce: the group mean, or our own parameters if no group
+    formed or its average failed (the all-reduce's groupmates are present, the other participants missing)."""
+    others = [p for p in participants if p != me]
+    if len(participants) < 2:
+        return GossipResult(list(own), {me: 1.0}, [], [], 0.0)
+    step = allreduce.average(own, len(participants), me)
+    if step is None:
+        return GossipResult(list(own), {me: 1.0}, [], others, 0.0)
+    k = step.size  # others' mean = (k * mean - own) / (k - 1)
+    others_mean = [(k * m - x) / max(k - 1, 1) for m, x in zip(step.mean, own, strict=True)]
+    dist = params_sq_distance(own, others_mean) ** 0.5
+    return GossipResult(step.mean, {p: 1.0 / k for p in [me, *step.present]}, step.present,
+                        [p for p in others if p not in step.present], dist)

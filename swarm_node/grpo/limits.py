@@ -20,7 +20,7 @@ ROOM = 4  # a peer's batch may be this many times our own round in each dimensio
 def receive_limits(cfg: NodeConfig) -> DecodeLimits:
     """The DecodeLimits of a GRPO node with config `cfg`. The compressed size follows from the rest: the
     largest payload a batch within them can be (`max_payload_bytes`: ~0.5 MiB by default, not
-    swarm.max_batch_bytes' 64 MiB, which stays the bound of DPO's parameter payloads), so a junk offer
+    swarm.max_batch_bytes' 64 MiB; DPO's parameter payloads have their own, dpo.max_payload_bytes), so a junk offer
     cannot make the node download and hold more than a valid batch could need."""
     g = cfg.generation
     groups = ROOM * cfg.task.prompts_per_round

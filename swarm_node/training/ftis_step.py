@@ -7,20 +7,18 @@ Out of memory halves the token budget and retries the step. Each micro-batch's l
 sequences; after all micro-batches the gradient is divided by the global kept count, so the update equals the
 full-batch loss gradient whatever the micro-batching.
 
-(Over 550 lines because the trainer's forward variants, row by row and over a shared prompt prefix, share its
-micro-batching and are checked against each other in tests/test_grpo_step.py; the F-TIS loss itself is in
-training/ftis.py.)
+The F-TIS loss itself is training/ftis.py; what a step takes and reports (`PreparedBatch`, `StepResult`) is
+training/step_results.py; the model's parts it finds (its body and output head, the forward's arguments)
+are training/model_parts.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -31,8 +29,25 @@ from swarm_node.training.checkpointing import LayerCheckpointing, frozen_cache
 from swarm_node.training.ftis import LossDiagnostics, ftis_loss, group_advantages
 from swarm_node.training.groups import TrainGroup
 from swarm_node.training.logprobs import chunk_tokens, head_logprobs, logits_logprobs
+from swarm_node.training.model_parts import (
+    body_and_head,
+    eval_mode,
+    forward_names,
+    release_cached_memory,
+    shared_prefix,
+    vocab_size,
+)
 from swarm_node.training.optim import build_optimizer, set_lr
 from swarm_node.training.params import trainable_parameters
+from swarm_node.training.step_results import (
+    PassStats,
+    PreparedBatch,
+    StepResult,
+    TrainSequence,
+    collect_pass,
+    fill_first_pass,
+    token_mean,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,101 +55,14 @@ MIN_SHARED_PREFIX = 8  # tokens all prompts of a micro-batch share before that p
 DEFAULT_LR = 1e-6  # paper's full-model lr; used only when neither cfg.lr nor a preset default is given
 
 
-@dataclass
-class TrainSequence:
-    """One completion ready for the forward pass: prompt + completion ids and its group advantage."""
-
-    ids: np.ndarray
-    prompt_len: int
-    behaviour: np.ndarray
-    advantage: float
-    local: bool
-
-    @property
-    def completion_len(self) -> int:
-        return len(self.ids) - self.prompt_len
-
-
-@dataclass
-class PreparedBatch:
-    """The sequences of one round after group selection, plus what was dropped and why."""
-
-    sequences: list[TrainSequence]
-    groups_local: int = 0
-    groups_external: int = 0
-    groups_zero_advantage: int = 0
-    groups_dropped_external: int = 0
-    empty_completions: int = 0
-
-
-@dataclass
-class PassStats:
-    """What one forward/backward pass over the batch saw (per-sequence, in batch order)."""
-
-    loss: float
-    kept: np.ndarray
-    filtered: np.ndarray
-    ratio_mean: np.ndarray
-    truncated_frac: np.ndarray
-    divergence: np.ndarray
-    n_tokens: np.ndarray
-    clipped_frac: np.ndarray
-    logp: list[Tensor]
-
-    @property
-    def n_kept(self) -> int:
-        return int(self.kept.sum())
-
-
-@dataclass
-class StepResult:
-    """Outcome of GRPOTrainer.step; ``stepped`` False with ``reason`` when no optimizer step was taken."""
-
-    stepped: bool
-    reason: str | None = None
-    loss: float = float("nan")
-    losses: list[float] = field(default_factory=list)
-    grad_norm: float = float("nan")
-    grad_norms: list[float] = field(default_factory=list)
-    optimizer_steps: int = 0
-    lr: float = float("nan")
-    groups_local: int = 0
-    groups_external: int = 0
-    groups_zero_advantage: int = 0
-    groups_dropped_external: int = 0
-    seqs_kept: int = 0
-    seqs_filtered: int = 0
-    seqs_kept_local: int = 0
-    seqs_kept_external: int = 0
-    seqs_filtered_local: int = 0
-    seqs_filtered_external: int = 0
-    mean_ratio: float = float("nan")
-    mean_ratio_local: float = float("nan")
-    mean_ratio_external: float = float("nan")
-    truncated_frac: float = float("nan")
-    truncated_frac_external: float = float("nan")
-    mean_divergence_external: float = float("nan")
-    clipped_frac: float = float("nan")
-    completion_tokens: int = 0
-    total_tokens: int = 0
-    oom_retries: int = 0  # times this step ran out of memory and was retried with half the token budget
-    micro_batch_tokens: int = 0  # the token budget the step ended with
-    seconds: float = 0.0
-
-
-def _token_mean(values: np.ndarray, weights: np.ndarray, select: np.ndarray | None = None) -> float:
-    w = weights.astype(np.float64) * (select if select is not None else 1.0)
-    total = float(w.sum())
-    return float((values.astype(np.float64) * w).sum() / total) if total > 0 else float("nan")
-
-
-class GRPOTrainer:
+class FTISTrainer:
     """Owns the optimizer and applies F-TIS (or a baseline variant) to lists of TrainGroup.
 
     The model must already be on ``device``. Works for full models and peft LoRA models alike: only
     parameters with requires_grad are optimized and clipped. ``checkpoint_layers`` (the model's transformer
     layers) switches on activation checkpointing; ``compute_dtype`` float16 switches on dynamic loss scaling
-    (bf16 and fp32 need none).
+    (bf16 and fp32 need none). ``share_prompts`` False runs one whole forward per sequence instead of one
+    forward per distinct prompt (the reference the shared forward is tested against).
     """
 
     def __init__(
@@ -147,6 +75,7 @@ class GRPOTrainer:
         temperature: float = 1.0,
         checkpoint_layers: Sequence[nn.Module] = (),
         compute_dtype: torch.dtype | None = None,
+        share_prompts: bool = True,
     ) -> None:
         self.model = model
         # log pi_theta is taken at the sampling temperature (logits / T, as TRL and verl do), so that our own
@@ -164,9 +93,12 @@ class GRPOTrainer:
         self.scaler = (torch.amp.GradScaler(self.device.type) if compute_dtype == torch.float16 else None)
         self._keep_name: str | None = None  # the forward's logits_to_keep argument, found on first use
         self._cache_in_name: str | None = None  # the forward's KV-cache argument, found on first use
-        self._share_ok = True  # false once a cache could not be made read-only under checkpointing
-        self._body, self._head = _body_and_head(model)
-        vocab = getattr(getattr(self._head, "weight", None), "shape", (0,))[0] or _vocab_size(model)
+        # one forward per distinct prompt when the model takes a KV cache; False: one whole forward per sequence
+        # (the reference the shared forward is tested against); off for good once a cache could not be made
+        # read-only under checkpointing
+        self._share_ok = share_prompts
+        self._body, self._head = body_and_head(model)
+        vocab = getattr(getattr(self._head, "weight", None), "shape", (0,))[0] or vocab_size(model)
         self.logits_chunk = cfg.logits_chunk_tokens or chunk_tokens(vocab)
 
     # ---- data -------------------------------------------------------------------------------------
@@ -203,7 +135,7 @@ class GRPOTrainer:
         prompts are shared, rows x (longest prompt + longest completion) when every row runs whole."""
         order = sorted(range(n), key=lambda i: (seqs[i].prompt_len, seqs[i].ids[: seqs[i].prompt_len].tobytes(),
                                                 len(seqs[i].ids)))
-        share = self._can_share_prompts()
+        share = self.shares_prompts()
         cap = self.cfg.micro_batch_size or n
         out: list[list[int]] = []
         cur: list[int] = []
@@ -254,7 +186,7 @@ class GRPOTrainer:
         row, j, target = torch.cat(rows).to(dev), torch.cat(js).to(dev), torch.cat(targets).to(dev)
         prompts = {s.ids[: s.prompt_len].tobytes() for s in seqs}
         feats = None
-        if len(prompts) < b and self._can_share_prompts():
+        if len(prompts) < b and self.shares_prompts():
             feats = self._forward_shared(seqs, cmax)
         if feats is None:
             feats = self._forward_rows(seqs, cmax)
@@ -347,7 +279,7 @@ class GRPOTrainer:
         the prefix with its pads masked and skipped by the position ids.
         """
         dev, u = self.device, len(prompts)
-        shared = min(_shared_prefix(prompts), min(len(p) for p in prompts) - 1) if u > 1 else 0
+        shared = min(shared_prefix(prompts), min(len(p) for p in prompts) - 1) if u > 1 else 0
         cache, head, offset = None, torch.zeros((u, 0), dtype=torch.long, device=dev), 0
         if shared >= MIN_SHARED_PREFIX:
             prefix = torch.from_numpy(prompts[0][:shared])[None].to(dev)
@@ -369,13 +301,13 @@ class GRPOTrainer:
                               position_ids=offset + (rest.cumsum(1) - 1).clamp(min=0), **kwargs)
         return last, getattr(out, self._cache_out_name(out)), torch.cat([head, rest], 1)
 
-    def _can_share_prompts(self) -> bool:
+    def shares_prompts(self) -> bool:
         """Whether the model continues from a KV cache it returns: decided once per trainer from the forward's
         signature (and off for good once a cache could not be made read-only under checkpointing)."""
         if not self._share_ok:
             return False
         if self._cache_in_name is None:
-            names = _forward_names(self._body if self._head is not None else self.model)
+            names = forward_names(self._body if self._head is not None else self.model)
             self._cache_in_name = next((k for k in ("past_key_values", "cache") if k in names), "")
         return bool(self._cache_in_name)
 
@@ -391,7 +323,7 @@ class GRPOTrainer:
         """Ask the model for its last n positions' logits only (`logits_to_keep`, transformers >= 4.50); a
         model without it computes them all."""
         if self._keep_name is None:
-            self._keep_name = "logits_to_keep" if "logits_to_keep" in _forward_names(self.model) else ""
+            self._keep_name = "logits_to_keep" if "logits_to_keep" in forward_names(self.model) else ""
         return {self._keep_name: n} if self._keep_name else {}
 
     @torch.no_grad()
@@ -404,7 +336,7 @@ class GRPOTrainer:
         ]
         out: list[np.ndarray] = [np.zeros(0, dtype=np.float32)] * len(seqs)
         nonempty = [i for i, s in enumerate(seqs) if s.completion_len > 0]
-        with _eval_mode(self.model):
+        with eval_mode(self.model):
             for idx in self._micro_batches(len(nonempty), [seqs[i] for i in nonempty]):
                 mb = [seqs[nonempty[i]] for i in idx]
                 logp, _, _ = self._forward_logp(mb)
@@ -430,7 +362,7 @@ class GRPOTrainer:
         diags: list[tuple[list[int], LossDiagnostics]] = []
         logps: list[Tensor] = [torch.empty(0)] * n
         loss_sum = 0.0
-        with _eval_mode(self.model):
+        with eval_mode(self.model):
             for idx in self._micro_batches(n, seqs):
                 mb = [seqs[i] for i in idx]
                 logp, mask, beh = self._forward_logp(mb)
@@ -460,7 +392,7 @@ class GRPOTrainer:
                 for r, i in enumerate(idx):
                     logps[i] = detached[r, : mb[r].completion_len].clone()
                 diags.append((idx, diag))
-        stats = _collect(n, diags, logps)
+        stats = collect_pass(n, diags, logps)
         if stats.n_kept > 0:
             for p in self.params:
                 if p.grad is not None:
@@ -494,13 +426,13 @@ class GRPOTrainer:
         for k in range(cfg.steps_per_round):
             stats = self._accumulate_within_memory(batch, old_logp, res)
             if k == 0:
-                _fill_first_pass(res, batch, stats)
+                fill_first_pass(res, batch, stats)
                 if cfg.steps_per_round > 1:
                     # the first pass's log-probs are the proximal policy of the later, clipped passes;
                     # at r = 1 the plain and the clipped form have the same gradient, so pass 1 is unchanged
                     old_logp = stats.logp
             else:
-                res.clipped_frac = _token_mean(stats.clipped_frac, stats.n_tokens)
+                res.clipped_frac = token_mean(stats.clipped_frac, stats.n_tokens)
             if stats.n_kept == 0:
                 res.reason = "all sequences filtered"
                 break
@@ -539,7 +471,7 @@ class GRPOTrainer:
                 return self.accumulate_gradients(batch, old_logp)
             except torch.OutOfMemoryError:
                 self.optimizer.zero_grad(set_to_none=True)  # a part of the pass may have added to .grad
-                _release_cached_memory(self.device)
+                release_cached_memory(self.device)
                 n = len(batch.sequences)
                 if len(self._micro_batches(n, batch.sequences)) >= n:
                     raise
@@ -559,104 +491,3 @@ class GRPOTrainer:
         if self.cfg.lr is None and "lr" in state:
             self.lr = float(state["lr"])
         set_lr(self.optimizer, self.lr)
-
-
-def _release_cached_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _base(model: nn.Module) -> nn.Module:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def _forward_names(model: nn.Module) -> set[str]:
-    """The names the (underlying) model's forward accepts (a peft wrapper forwards **kwargs to it)."""
-    fwd = _base(model).forward if hasattr(model, "get_base_model") else model.forward
-    return set(inspect.signature(fwd).parameters)
-
-
-def _body_and_head(model: nn.Module) -> tuple[nn.Module | None, nn.Module | None]:
-    """(decoder body, output head) when the head is a plain map of the body's last hidden states, so that the
-    trainer can run it on completion positions alone, a chunk at a time; (None, None) for models that
-    post-process their logits (soft-capping, scaling), which then compute their logits themselves."""
-    base = _base(model)
-    cfg = getattr(base, "config", None)
-    if any(getattr(cfg, k, None) not in (None, 1, 1.0) for k in ("final_logit_softcapping", "logit_scale",
-                                                                  "logits_scaling", "output_multiplier_scale")):
-        return None, None
-    get_decoder, get_head = getattr(base, "get_decoder", None), getattr(base, "get_output_embeddings", None)
-    if get_decoder is None or get_head is None:
-        return None, None
-    try:
-        body, head = get_decoder(), get_head()
-    except (AttributeError, ValueError, NotImplementedError):
-        return None, None
-    if body is None or head is None or body is base:
-        return None, None
-    return body, head
-
-
-def _vocab_size(model: nn.Module) -> int:
-    cfg = getattr(_base(model), "config", None)
-    return int(getattr(cfg, "vocab_size", 0) or 0)
-
-
-def _shared_prefix(prompts: list[np.ndarray]) -> int:
-    """Length of the longest prefix every prompt starts with."""
-    n = min(len(p) for p in prompts)
-    heads = np.stack([p[:n] for p in prompts])
-    differ = np.flatnonzero((heads != heads[0]).any(axis=0))
-    return int(differ[0]) if differ.size else n
-
-
-class _eval_mode:
-    """Disable dropout while recomputing log-probs (dropout would bias the ratios); restore after."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self.was_training = model.training
-
-    def __enter__(self) -> None:
-        self.model.eval()
-
-    def __exit__(self, *exc: object) -> None:
-        self.model.train(self.was_training)
-
-
-def _collect(n: int, diags: list[tuple[list[int], LossDiagnostics]], logps: list[Tensor]) -> PassStats:
-    """Scatter micro-batch diagnostics back into batch order."""
-    arrays = {
-        k: np.zeros(n, dtype=np.float64)
-        for k in ("ratio_mean", "truncated_frac", "divergence", "clipped_frac")
-    }
-    kept, filtered, n_tok = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, np.int64)
-    for idx, d in diags:
-        for key, arr in arrays.items():
-            arr[idx] = getattr(d, key).cpu().numpy()
-        kept[idx] = d.kept.cpu().numpy()
-        filtered[idx] = d.filtered.cpu().numpy()
-        n_tok[idx] = d.n_tokens.cpu().numpy()
-    return PassStats(loss=0.0, kept=kept, filtered=filtered, n_tokens=n_tok, logp=logps, **arrays)
-
-
-def _fill_first_pass(res: StepResult, batch: PreparedBatch, s: PassStats) -> None:
-    """Diagnostics describe the batch as it arrived (first pass, before any update of this round)."""
-    local = np.array([q.local for q in batch.sequences])
-    ext = ~local
-    res.seqs_kept, res.seqs_filtered = int(s.kept.sum()), int(s.filtered.sum())
-    res.seqs_kept_local, res.seqs_kept_external = int((s.kept & local).sum()), int((s.kept & ext).sum())
-    res.seqs_filtered_local = int((s.filtered & local).sum())
-    res.seqs_filtered_external = int((s.filtered & ext).sum())
-    res.mean_ratio = _token_mean(s.ratio_mean, s.n_tokens)
-    res.mean_ratio_local = _token_mean(s.ratio_mean, s.n_tokens, local)
-    res.mean_ratio_external = _token_mean(s.ratio_mean, s.n_tokens, ext)
-    res.truncated_frac = _token_mean(s.truncated_frac, s.n_tokens)
-    res.truncated_frac_external = _token_mean(s.truncated_frac, s.n_tokens, ext)
-    ext_nonempty = ext & (s.n_tokens > 0)
-    res.mean_divergence_external = (
-        float(s.divergence[ext_nonempty].mean()) if ext_nonempty.any() else float("nan")
-    )
-    res.clipped_frac = 0.0  # no clip on the first pass; later passes overwrite it
-    res.completion_tokens = int(s.n_tokens.sum())
-    res.total_tokens = int(sum(len(q.ids) for q in batch.sequences))

@@ -6,12 +6,12 @@ docs/security.md):
 1. **On the swarm's decode thread**, as each download completes: `check_payload` decodes the bytes under
    the receive limits and checks the round against its announcement. A plain function of the bytes and
    the limits (no model, no tokenizer), so it is safe off the round loop; `payload_check(limits)` binds
-   the limits and is the validator a GRPO node builds its `SwarmNode` with (swarm/receiver.py
+   the limits and is the validator a GRPO node builds its `SwarmPeer` with (swarm/receiver.py
    `Validator`: it refuses by raising `PayloadRefused`). Refusals: `protocol:*`, `round_mismatch`.
 2. **On the round loop**, `Admission.admit(batches, round_)`, for the batches this round took. Per batch, in
-   this order: the newcomer gate (Sybils), conversion to training groups (node/rollouts.py
+   this order: the newcomer gate (Sybils), conversion to training groups (grpo/rollouts.py
    `peer_groups`: swarm, task, tokenizer and vocab match, prompts rebuilt, rewards recomputed), the
-   replay window, the per-identity share cap, the log-prob audit and the skew audit (node/defences.py). A
+   replay window, the per-identity share cap, the log-prob audit and the skew audit (grpo/defences.py). A
    batch that passed all of them counts towards its sender becoming established.
 
 Every rejection is counted by a reason of node/reasons.py.
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from swarm_node.config import NodeConfig
-from swarm_node.node.defences import (
+from swarm_node.grpo.defences import (
     LogprobAudit,
     NewcomerGate,
     ReplayWindow,
@@ -35,8 +35,8 @@ from swarm_node.node.defences import (
     cap_share,
     cap_tokens,
 )
+from swarm_node.grpo.rollouts import Expectations, peer_groups
 from swarm_node.node.reasons import Rejections
-from swarm_node.node.rollouts import Expectations, peer_groups
 from swarm_node.protocol import DecodeLimits, ProtocolError, RolloutBatch, decode_batch
 from swarm_node.swarm import Offer, PayloadRefused, Validator
 from swarm_node.swarm.ratelimit import RateLimitedLog
@@ -85,7 +85,7 @@ class Admission:
 
     Owns the defences' state (replay window, the two log-prob audits, the newcomer gate) and the share
     cap. `recompute(groups)` is the trainer's log-probs of the groups' completion tokens under the
-    current model (`GRPOTrainer.completion_logprobs`), which both audits judge the claimed ones against.
+    current model (`FTISTrainer.completion_logprobs`), which both audits judge the claimed ones against.
     """
 
     def __init__(self, cfg: NodeConfig, task: Task, tokenizer: Any, expect: Expectations,
@@ -118,13 +118,13 @@ class Admission:
         return m.mode == "grpo" and m.task_id == self.expect.task_id and m.tokenizer_fp == self.expect.tokenizer_fp
 
     def download_rank(self, peer_id: str) -> int:
-        """The swarm's rank of a peer for download slots (`SwarmNode(rank=...)`, called on the event-loop
+        """The swarm's rank of a peer for download slots (`SwarmPeer(rank=...)`, called on the event-loop
         thread): 0 for an identity the newcomer gate has established, 1 for a stranger, so identities that
         announce and never deliver queue behind the peers that have delivered. It only reads the gate."""
         return 0 if self.newcomers.established(peer_id) else 1
 
     def choose(self, offers: list, k: int) -> list[int]:
-        """Which of the buffered offers a round takes (the newcomer gate's share), for `SwarmNode.receive`."""
+        """Which of the buffered offers a round takes (the newcomer gate's share), for `SwarmPeer.receive`."""
         return self.newcomers.choose(offers, k)
 
     def remember_own(self, round_: int, groups: list[TrainGroup]) -> None:

@@ -4,7 +4,7 @@ Each class answers one threat from the table "What a peer can do, and what stops
 `ReplayWindow` (replays of completions, under another identity or back to us), `LogprobAudit` (fabricated
 behaviour log-probs that buy the F-TIS cap's full weight), `SkewAudit` (the same, only on the
 completions our rewards favour), `cap_share` (one identity taking a large share of a round) and
-`NewcomerGate` (Sybil identities filling the round's K slots). node/admission.py drives them in order;
+`NewcomerGate` (Sybil identities filling the round's K slots). grpo/admission.py drives them in order;
 each is usable alone (tests/test_hostile_rollouts.py, benchmarks/sybil_newcomers.py).
 """
 
@@ -303,6 +303,10 @@ class NewcomerGate:
 
     def established(self, peer_id: str) -> bool:
         return len(self._passed.get(peer_id, ())) >= self.established_after
+
+    def rounds_passed(self, peer_id: str) -> frozenset[int]:
+        """The rounds in which this identity's batch passed every check (what makes it established)."""
+        return frozenset(self._passed.get(peer_id, ()))
 
     def rank(self, peer_id: str) -> tuple[int, int]:
         """Sort key for the intake: established first, then newcomers in the order first heard."""

@@ -5,22 +5,22 @@ are plain hivemind records, and the swarm layer's DHT is private to it. The grou
 live participants; the averager is rebuilt when that number changes.
 
 A step is not retried: a retry would join the group of the next round. A step whose average came back
-incomplete fails (checked_averager.py), and the node keeps its own parameters for that round. Each member
+incomplete fails (checked_averager.py), and the node keeps its own parameters for that round (dpo/mixing.py
+`allreduce_result` turns a step into the round's result). Each member
 sends its swarm peer id with the step, so a row lists the peers it really averaged with.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from swarm_node.config import DPOConfig, SwarmConfig
 from swarm_node.errors import UserFacingError
-from swarm_node.gossip.mixing import GossipResult
-from swarm_node.gossip.payload import COMPRESSIONS
-from swarm_node.gossip.vectors import params_sq_distance
+from swarm_node.swarm.averaging.payload import COMPRESSIONS
 
 log = logging.getLogger("swarm_node.dpo")
 
@@ -29,6 +29,15 @@ def group_settings(n: int) -> dict[str, Any]:
     """Matchmaking settings of an averager whose group is all `n` live participants (tests build a
     groupmate with the same ones, or it never joins the node's group)."""
     return {"target_group_size": n, "min_group_size": n, "min_matchmaking_time": 2.0, "request_timeout": 1.0}
+
+
+@dataclass(frozen=True)
+class GroupMean:
+    """One all-reduce step's outcome: the group's mean, the group's size (us included) and our groupmates."""
+
+    mean: list[torch.Tensor]
+    size: int
+    present: list[str]
 
 
 class AllReduce:
@@ -49,7 +58,7 @@ class AllReduce:
         self.group_size = 0
 
     def _ensure(self, n: int) -> Any:
-        from swarm_node.gossip.checked_averager import CheckedAverager
+        from swarm_node.swarm.averaging.checked_averager import CheckedAverager
 
         if self.averager is None or n != self.group_size or not self.averager.is_alive():
             if self.averager is not None:
@@ -62,13 +71,10 @@ class AllReduce:
             self.group_size = n
         return self.averager
 
-    def average(self, own: list[torch.Tensor], participants: list[str], me: str) -> GossipResult:
-        """The group mean (up to compression error), or our own params if no group formed in time or its
-        average came back incomplete."""
-        others = [p for p in participants if p != me]
-        n = len(participants)
-        if n < 2:
-            return GossipResult(own, {me: 1.0}, [], [], 0.0)
+    def average(self, own: list[torch.Tensor], n: int, me: str) -> GroupMean | None:
+        """The mean over a group of all `n` participants (up to compression error) and the groupmates'
+        swarm peer ids; None if no group formed in time, or its average came back incomplete or not finite.
+        The DPO round turns this into its round's result (dpo/mixing.py `allreduce_result`)."""
         av = self._ensure(n)
         with av.get_tensors() as ts:
             for t, x in zip(ts, own, strict=True):
@@ -82,18 +88,13 @@ class AllReduce:
             log.warning("all-reduce failed: %s", repr(exc) if isinstance(exc, TimeoutError) else exc)
             group = None
         if group is None:
-            return GossipResult(own, {me: 1.0}, [], others, 0.0)
+            return None
         with av.get_tensors() as ts:
             mean = [t.detach().clone() for t in ts]
         if not all(torch.isfinite(t).all() for t in mean):
             log.warning("all-reduce result is not finite; keeping our own parameters")
-            return GossipResult(own, {me: 1.0}, [], others, 0.0)
-        k = len(group)  # others' mean = (k * mean - own) / (k - 1)
-        others_mean = [(k * m - x) / max(k - 1, 1) for m, x in zip(mean, own, strict=True)]
-        dist = params_sq_distance(own, others_mean) ** 0.5
-        present = group_members(group.values(), me)
-        return GossipResult(mean, {p: 1.0 / k for p in [me, *present]}, present,
-                            [p for p in others if p not in present], dist)
+            return None
+        return GroupMean(mean, len(group), group_members(group.values(), me))
 
     def close(self) -> None:
         if self.averager is not None:

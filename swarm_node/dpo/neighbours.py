@@ -3,7 +3,7 @@
 Gossip mode builds the topology every round from the sorted ids of the live DPO peers with our
 architecture fingerprint, so all nodes that see the same membership agree on the graph without talking.
 Federated mode averages over all participants, or over S of them sampled from a seed every node shares.
-The swarm object is passed in (duck-typed `SwarmNode`), so this module needs no networking imports.
+The swarm object is passed in (duck-typed `SwarmPeer`), so this module needs no networking imports.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from swarm_node.config import DPOConfig
-from swarm_node.gossip import topology
+from swarm_node.dpo import topology
 
 log = logging.getLogger("swarm_node.dpo")
 
@@ -56,7 +56,7 @@ def gossip_graph(d: DPOConfig, n: int, graph: str | None = None) -> np.ndarray:
     return topology.widen(adj, d.min_neighbours) if d.aggregation == "clipped" else adj
 
 
-class GossipExchange:
+class Neighbourhood:
     """The swarm side of one DPO node: the peers it can average with, and parallel parameter fetches."""
 
     def __init__(self, d: DPOConfig, swarm: Any, arch_fp: str) -> None:

@@ -1,4 +1,4 @@
-"""SwarmNode: one peer of a swarm, wired from its parts (the only class the node side uses).
+"""SwarmPeer: one peer of a swarm, wired from its parts (the only class the node side uses).
 
 Rollout batches move asynchronously (docs/architecture.md, "The exchange"): `publish` pushes a small
 announcement to F random neighbours; a receiver downloads announced batches in the background, validates
@@ -38,6 +38,7 @@ from swarm_node.swarm.membership import STORE_BEAM, Membership, PeerInfo
 from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.swarm.receiver import BatchReceiver, Rank, RoundIntake, Validator
 from swarm_node.swarm.records import KINDS, MAX_ANNOUNCED_ROUNDS, MemberRecord
+from swarm_node.swarm.rejoin import RejoinPolicy
 from swarm_node.swarm.supervisor import DHTSupervisor
 from swarm_node.swarm.view import Accept, PeerView
 
@@ -46,11 +47,9 @@ JOIN_POLL_S = 1.0  # membership re-reads while a joining node's first round find
 HEARTBEAT_THREAD = "swarm-node-heartbeat"
 UNREACHABLE_WARN_S = 30.0  # a peer every push failed to reach for this long (or 6 heartbeats) is warned about
 UNREACHABLE_HINT_EVERY_S = 600.0  # at most one such line per 10 minutes
-ALONE_READS = 3  # member reads that list no other peer before we ping the peers we know (`_rejoin_if_alone`)
-REJOIN_EVERY_S = 5.0  # and again this often while they still list no one
 
 
-class SwarmNode:
+class SwarmPeer:
     """One peer of a swarm; see docs/operations.md for keys, TTLs and limits.
 
     Owns: its parts (above), the heartbeat thread, and the order things start and stop in.
@@ -63,15 +62,17 @@ class SwarmNode:
     peer that takes no batches (DPO: its announcements of batches are declined before any download).
     `accept` picks the peers we push to and download from (by their mode, task, tokenizer...); None:
     our own mode. `batch_cap`: the largest rollout batch we download (a GRPO node: the largest payload a
-    batch within its receive limits can be, node/limits.py); None: `swarm.max_batch_bytes`, which also
-    bounds DPO's parameter payloads. `rank(peer_id)`: 0 for a peer we trust (a GRPO node: an identity its
+    batch within its receive limits can be, grpo/limits.py); None: `swarm.max_batch_bytes`. `params_cap`:
+    the largest DPO parameter payload we fetch or publish (a DPO node: `dpo.max_payload_bytes`); None:
+    `swarm.max_batch_bytes`. `rank(peer_id)`: 0 for a peer we trust (a GRPO node: an identity its
     newcomer gate has established), higher for strangers (receiver.Rank). It orders the waits for download
     slots (strangers share at most half of them) and picks whom we push to (trusted peers first, one place
     kept for strangers); None: everyone alike.
     """
 
     def __init__(self, cfg: SwarmConfig, info: PeerInfo, *, validate: Validator | None, accept: Accept | None = None,
-                 batch_cap: int | None = None, rank: Rank | None = None, logger: logging.Logger | None = None):
+                 batch_cap: int | None = None, params_cap: int | None = None, rank: Rank | None = None,
+                 logger: logging.Logger | None = None):
         self.cfg = cfg
         self.info = info
         self.log = logger or logging.getLogger("swarm_node.swarm")
@@ -90,14 +91,13 @@ class SwarmNode:
                              rank=rank)
         self.receiver = BatchReceiver(cfg, validate, view=self.view, membership=self.membership, dht=self.dht,
                                       loop=self.loop, counters=self.counters, keep=self.blobs.keep, log=self.log,
-                                      batch_cap=batch_cap, rank=rank)
+                                      batch_cap=batch_cap, params_cap=params_cap, rank=rank)
         self._stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
         self._started = False
         self._closed = False
         self._keep_view_until = 0.0  # after a DHT restart: member reads may add peers, not forget them
-        self._alone_reads = 0  # consecutive member reads that listed no peer but us
-        self._next_rejoin = 0.0
+        self.rejoin_policy = RejoinPolicy()  # when a peer alone in its member reads pings the peers it knows
         self._hints = RateLimitedLog(self.log, burst=1, period_s=UNREACHABLE_HINT_EVERY_S)
 
     @property
@@ -111,10 +111,10 @@ class SwarmNode:
 
     # ---- lifecycle ----
 
-    def start(self) -> SwarmNode:
+    def start(self) -> SwarmPeer:
         """Join (retrying; UserFacingError if unreachable), serve blobs, start heartbeats. Once per node."""
         if self._started or self._closed:
-            raise RuntimeError("SwarmNode.start() called twice (a node starts once; `with node:` starts it)")
+            raise RuntimeError("SwarmPeer.start() called twice (a node starts once; `with node:` starts it)")
         self._started = True
         for line in config_warnings(self.cfg):
             self.log.warning("%s", line)
@@ -148,7 +148,7 @@ class SwarmNode:
         self.loop.stop()
         self.receiver.close()
 
-    def __enter__(self) -> SwarmNode:
+    def __enter__(self) -> SwarmPeer:
         return self if self._started else self.start()
 
     def __exit__(self, *exc) -> None:
@@ -190,8 +190,10 @@ class SwarmNode:
         if kind not in KINDS:
             raise ValueError(f"unknown blob kind {kind!r}; expected one of {KINDS}")
         payload = bytes(payload)
-        if len(payload) > self.cfg.max_batch_bytes:
-            raise ValueError(f"{kind} payload of {len(payload)} bytes exceeds swarm.max_batch_bytes={self.cfg.max_batch_bytes}")
+        cap, setting = ((self.receiver.params_cap, "dpo.max_payload_bytes") if kind == "params"
+                        else (self.cfg.max_batch_bytes, "swarm.max_batch_bytes"))
+        if len(payload) > cap:
+            raise ValueError(f"{kind} payload of {len(payload)} bytes exceeds {setting}={cap}")
         entry = self.blobs.put(kind, describe(round, payload), payload)
         if kind != "batch":
             self.membership.announce(kind, self.blobs.entries(kind))
@@ -272,19 +274,14 @@ class SwarmNode:
             self.view.repush()
 
     def _rejoin_if_alone(self, now: float) -> None:
-        """After ALONE_READS member reads that list no peer but us, ping the peers we know (initial and last
-        connected), then every REJOIN_EVERY_S while alone. A node whose link was down for a minute has
-        dropped every peer from its DHT routing table (their RPCs failed) and its peers have dropped it, and
-        nothing else dials again: such a node took 34-37 s after its link returned to exchange again, 6-10 s
-        with this (benchmarks/network.py link_cut, docs/results/network.md)."""
-        if self._alone_reads < ALONE_READS or now < self._next_rejoin:
+        """Ping the peers we know (initial and last connected) when the rejoin policy says so (rejoin.py)."""
+        if not self.rejoin_policy.due(now):
             return
-        self._next_rejoin = now + REJOIN_EVERY_S
         answered = self.dht.rejoin()
         if answered:
             self.counters.add("rejoins")
             self.log.info("no peer listed in %d member reads: %d known peer(s) answered a ping; rejoining",
-                          self._alone_reads, answered)
+                          self.rejoin_policy.alone_reads, answered)
 
     def _refresh_view(self, latest: bool = True, beam_size: int | None = None) -> None:
         """Membership read: who we may push to, and what round each peer has signed.
@@ -294,7 +291,7 @@ class SwarmNode:
         TTL are forgotten; one copy may lack peers that are still there (membership.py says why).
         """
         members = self.membership.read_members(latest=latest, beam_size=beam_size)
-        self._alone_reads = 0 if set(members) - {self.peer_id} else self._alone_reads + 1
+        self.rejoin_policy.read(others_listed=bool(set(members) - {self.peer_id}))
         if not members and self.dht.child is None:
             return
         heard = self.intake.heard_since(time.time() - self.cfg.record_ttl_s)

@@ -26,7 +26,7 @@ from hivemind.compression import (
 )
 from hivemind.proto import runtime_pb2
 
-from swarm_node.gossip.reasons import PARAM_REASONS
+from swarm_node.swarm.averaging.reasons import PARAM_REASONS
 
 MAGIC = b"SNDP"
 VERSION = 1
@@ -40,7 +40,7 @@ COMPRESSIONS: dict[str, Any] = {
 
 
 class PayloadError(ValueError):
-    """A peer's parameters were refused; `reason` is a short counter key, one of gossip/reasons.py's."""
+    """A peer's parameters were refused; `reason` is a short counter key, one of swarm/averaging/reasons.py's."""
 
     def __init__(self, reason: str, detail: str) -> None:
         if reason not in PARAM_REASONS:

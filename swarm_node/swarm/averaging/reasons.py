@@ -7,7 +7,7 @@ are: peers cannot choose a name outside this list, so the exported label set sta
 
 from __future__ import annotations
 
-# the codec (gossip/payload.py): what a payload is on the wire
+# the codec (swarm/averaging/payload.py): what a payload is on the wire
 DECODE_REASONS: dict[str, str] = {
     "type": "the payload is not bytes",
     "too_large": "over the swarm's byte limit",
@@ -23,7 +23,7 @@ DECODE_REASONS: dict[str, str] = {
     "trailing_bytes": "bytes after the last tensor",
 }
 
-# robust averaging (gossip/robust.py): well-formed parameters that no honest neighbour would send
+# robust averaging (dpo/robust.py): well-formed parameters that no honest neighbour would send
 ROBUST_REASONS: dict[str, str] = {
     "norm_outlier": "its difference from us (gossip) or from the median (federated) is over "
                     "dpo.outlier_factor times the median of our recent accepted differences",

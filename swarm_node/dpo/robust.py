@@ -78,7 +78,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from swarm_node.gossip.payload import PayloadError
+from swarm_node.swarm.averaging.payload import PayloadError
 
 if TYPE_CHECKING:
     from swarm_node.config import DPOConfig
