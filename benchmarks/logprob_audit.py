@@ -4,7 +4,7 @@ behaviour log-probs, docs/security.md "The log-prob audit, and what it costs").
 On real tiny models, a tiny-s judge recomputes the log-probs of batches sampled by tiny-s itself (same
 model), by tiny-m (an honest but different model: other size and architecture, same tokenizer), and by a
 tiny-m attacker that lowers its claimed log-probs by DELTA on positive-advantage completions (what buys the F-TIS cap's 2x),
-(or on every completion), and applies node.defences.LogprobAudit (per batch) and SkewAudit (per peer, running
+(or on every completion), and applies grpo.defences.LogprobAudit (per batch) and SkewAudit (per peer, running
 over rounds) to each. Prints, per case: batches, rejected, the mean statistic
 (mean capped weight) and the mean threshold. Log-probs are put on the wire's 1/64 grid first.
 

@@ -25,7 +25,7 @@ from benchmarks.frozen_source import paired_table, run_learner
 from swarm_node.runs.stats import fmt_ms
 from swarm_node.training.ftis import VARIANTS
 
-BASE = "on_policy"  # trains on the learner's own groups only (grpo_step skips external ones): the baseline
+BASE = "on_policy"  # trains on the learner's own groups only (the F-TIS step skips external ones): the baseline
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""What the newcomer gate (node.defences.NewcomerGate) buys against Sybils, and what it costs honest newcomers.
+"""What the newcomer gate (grpo.defences.NewcomerGate) buys against Sybils, and what it costs honest newcomers.
 
 A pure simulation of one receiving node's round choice: the real Intake (swarm/intake.py) and the real
 gate, driven round by round with the node's own order (take K ranked offers; admit; every batch here

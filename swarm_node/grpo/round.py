@@ -2,7 +2,7 @@
 
 `GRPONode.run_round` is one round; the daemon around it (resume, join, checkpoints, stop, progress) is the
 loop both modes share (node/loop.py), started by `run_grpo_node`. Each part lives in its own module
-(generation, tasks, protocol, swarm, training; node.admission for what of the peers' batches is trained
+(generation, tasks, protocol, swarm, training; grpo.admission for what of the peers' batches is trained
 on, node.rows for the metrics row). With the swarm disabled the same round trains alone on-policy.
 """
 

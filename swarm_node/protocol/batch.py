@@ -50,7 +50,7 @@ class DecodeLimits:
 
     Defaults fit a GRPO round of a 0.5B-7B model (e.g. 64 prompts x 16 completions x 4k tokens = 2**22
     completion tokens) with 2x room, while keeping the worst-case memory of one decode to a few hundred
-    MiB. A node builds tighter limits from its own round size (node.limits.receive_limits); the
+    MiB. A node builds tighter limits from its own round size (grpo.limits.receive_limits); the
     decompressed-body cap and msgpack's length limits follow from these fields (`body_cap`,
     `msgpack_limits`), so every bound of a decode scales with what the node itself would send.
     """
