@@ -124,8 +124,8 @@ def main() -> None:
 
 def dpo_ring(args, seeds: list[int], trials: int) -> None:
     """Node 0 of a ring of DPO-like SwarmNodes loses its DHT child; how soon do its neighbours hold its
-    next round's parameters? (tests/tooling/dpo_ring.py)"""
-    from tests.tooling.dpo_ring import DEADLINE_S, kill_and_watch
+    next round's parameters? (tooling/dpo_ring.py)"""
+    from tooling.dpo_ring import DEADLINE_S, kill_and_watch
 
     rows = []
     for seed in seeds:

@@ -6,7 +6,7 @@ holding synthetic user i mod 4, one local DPO step per round) averages through t
 or without it (plain averaging, `dpo.aggregation: mean`). Every node is built from one DPOConfig as
 DPONode builds it: under the robust rule the graph is widened to `dpo.min_neighbours` (the ring gets its
 second neighbours; `--min-neighbours 0` keeps it), and `Bypass` routes around missing neighbours.
-Hostile nodes (tests/dpo_adversary.py) train and average like the others but send their neighbours
+Hostile nodes (tooling/dpo_adversary.py) train and average like the others but send their neighbours
 corrupted, finite parameters through the real float16 payload codec; in the 2-attacker runs they are nodes 0 and 3 (every honest node has an honest
 neighbour on the ring), with 1 attacker node 0. For every graph, number of attackers, mode and rule it
 reports, over the seeds:
@@ -47,7 +47,7 @@ from swarm_node.gossip.bypass import Bypass
 from swarm_node.gossip.exchange import gossip_graph
 from swarm_node.gossip.robust import RobustAverager
 from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
-from tests.dpo_adversary import MODES, OMNISCIENT, HostileNeighbour, View, recipient  # a test helper
+from tooling.dpo_adversary import MODES, OMNISCIENT, HostileNeighbour, View, recipient  # a test helper
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from swarm_node.gossip import choco, mixing, topology
+from swarm_node.gossip import mixing, topology
+from tooling import choco
 
 
 def test_top_k_keeps_the_largest_entries_as_float16():

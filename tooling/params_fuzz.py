@@ -25,7 +25,7 @@ from hivemind.proto import runtime_pb2
 
 from swarm_node.gossip import mixing
 from swarm_node.gossip.payload import COMPRESSIONS, MAGIC, VERSION, PayloadError, decode_params, encode_params
-from tests.tooling.fuzzing import FuzzStats, pick, run_case
+from tooling.fuzzing import FuzzStats, pick, run_case
 
 HEADER = struct.Struct("<4sB16sI")
 """b"SNDP" | u8 version | 16-byte architecture fingerprint | u32 tensor count (little-endian, docs/dpo.md)."""
