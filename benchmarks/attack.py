@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.runs.stats import seeds_se, verdict
 from tooling.adversary import MODES, run_side_by_side, summarize
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 
 
 def parse_set(kv: str) -> tuple[str, object]:

@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.runs.local_swarm import start_bootstrap
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 from tooling.dht_flood import SHAPES, FindProbe, Flooder, summary
 
 

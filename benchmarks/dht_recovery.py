@@ -37,9 +37,9 @@ import statistics
 import threading
 import time
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import PeerInfo, SwarmNode, keep_raw
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 

@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from benchmarks.dpo_topology import Swarm, consensus_error
 from swarm_node import gossip as G
 from swarm_node.config import DPOConfig
@@ -47,6 +46,7 @@ from swarm_node.gossip.bypass import Bypass
 from swarm_node.gossip.exchange import gossip_graph
 from swarm_node.gossip.robust import RobustAverager
 from swarm_node.runs.stats import fmt_ms
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
 from tooling.byzantine_summary import ABSENT, summarize
 from tooling.dpo_adversary import MODES, OMNISCIENT, HostileNeighbour, View, recipient
 

@@ -28,7 +28,6 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from swarm_node import gossip
 from swarm_node.gossip import topology
 from swarm_node.models.factory import Preset, build_model, build_tokenizer
@@ -38,6 +37,7 @@ from swarm_node.tasks.preferences import SyntheticPreferences
 from swarm_node.training.dpo import DPOTrainer, HeldOut
 from swarm_node.training.params import trainable_named
 from tooling import choco
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
 
 GRAPHS = ("path", "ring", "torus", "exponential", "complete")
 

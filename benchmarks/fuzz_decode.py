@@ -18,9 +18,9 @@ import argparse
 import logging
 import time
 
-from benchmarks.args import add_run_args, resolve_seeds
 from tooling import batch_fuzz as pf  # the fuzzers are test tooling (tooling/), not the package
 from tooling import record_fuzz as sf
+from tooling.benchmark_args import add_run_args, resolve_seeds
 from tooling.fuzzing import merge_parts, report, seed_shares
 
 SLOWEST_BUDGET_S = 0.5  # CPU seconds of one case (thread time, so a loaded machine does not inflate it)

@@ -20,8 +20,8 @@ import warnings
 
 import torch
 
-from benchmarks.args import add_run_args, resolve_seeds
 from tooling import params_fuzz as gf  # the fuzzers are test tooling (tooling/), not the package
+from tooling.benchmark_args import add_run_args, resolve_seeds
 from tooling.fuzzing import merge_parts, report, seed_shares
 
 SLOWEST_BUDGET_S = 0.5  # CPU seconds of one case

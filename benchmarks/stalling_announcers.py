@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.node.metrics import read_metrics
 from swarm_node.runs.local_swarm import (
     Peer,
@@ -34,6 +33,7 @@ from swarm_node.runs.local_swarm import (
     write_peer_config,
 )
 from tooling.adversary import honest_overrides
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 

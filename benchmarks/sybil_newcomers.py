@@ -27,8 +27,8 @@ import random
 
 import numpy as np
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.node.defences import NewcomerGate
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 from tooling.newcomer_rounds import simulate
 
 
