@@ -13,7 +13,7 @@ the common eval points; over seeds: mean +- SE and a verdict, "cannot tell" with
 Per mode it also prints the median round time of both honest nodes over the mode's window, side by side
 (`--honest-set admission.max_tokens_per_peer=0` turns the token budget off, to see what it saves).
 
-The adversary is a test helper (tooling/adversary.py), not part of the package: run from the repository root.
+The adversary (tooling/adversary.py) is shared with the tests, not in the package: run from the checkout root.
 """
 
 from __future__ import annotations

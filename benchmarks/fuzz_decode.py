@@ -18,7 +18,7 @@ import argparse
 import logging
 import time
 
-from tooling import batch_fuzz as pf  # the fuzzers are test tooling (tooling/), not the package
+from tooling import batch_fuzz as pf  # the fuzzers the tests run too (tooling/, not the package)
 from tooling import record_fuzz as sf
 from tooling.benchmark_args import add_run_args, resolve_seeds
 from tooling.fuzzing import merge_parts, report, seed_shares

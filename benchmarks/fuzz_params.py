@@ -20,7 +20,7 @@ import warnings
 
 import torch
 
-from tooling import params_fuzz as gf  # the fuzzers are test tooling (tooling/), not the package
+from tooling import params_fuzz as gf  # the fuzzers the tests run too (tooling/, not the package)
 from tooling.benchmark_args import add_run_args, resolve_seeds
 from tooling.fuzzing import merge_parts, report, seed_shares
 

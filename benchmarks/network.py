@@ -40,7 +40,7 @@ SCENARIOS = ("nat", "nat_no_relay", "bootstrap_dies", "link_cut", "thin_uplink",
 
 
 def run_one(name: str, seed: int, work: Path, timeout_s: float, down_s: float, thin_bytes: int = 64_000) -> dict:
-    from tooling import net_scenarios  # test tooling from the checkout (tooling/)
+    from tooling import net_scenarios  # from the checkout, shared with the slow tests
 
     t0 = time.monotonic()
     if name == "bootstrap_dies":

@@ -29,7 +29,7 @@ from swarm_node.node.metrics import read_metrics
 from swarm_node.runs.local_swarm import Peer, start_bootstrap, stop_process, write_peer_config
 from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 
-ROOT = Path(__file__).resolve().parents[1]  # peers/ (its bombs come from the test tooling, tooling/)
+ROOT = Path(__file__).resolve().parents[1]  # peers/ (its bombs come from tooling/, shared with the tests)
 ATTACKS = ("junk", "zstd_bomb", "msgpack_bomb", "empty_planes", "oversized", "future_round", "replay")
 
 
