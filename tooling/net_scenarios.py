@@ -34,7 +34,7 @@ from swarm_node.runs.local_swarm import (
 )
 from tooling.netlab import Host, NetLab
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SWARM = "netlab"
 
 
