@@ -33,4 +33,4 @@ test-quick: setup-dev
 	$(PY) -m pytest -q -m "not slow"
 
 lint: setup-dev
-	$(VENV)/bin/ruff check swarm_node tests benchmarks
+	$(VENV)/bin/ruff check swarm_node tests benchmarks tooling

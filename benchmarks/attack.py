@@ -1,4 +1,4 @@
-"""Honest GRPO nodes under attack (issue 11): every mode of the misbehaving peer in tests/adversary.py.
+"""Honest GRPO nodes under attack (issue 11): every mode of the misbehaving peer in tooling/adversary.py.
 
 Per seed, two swarms run side by side on 127.0.0.1 (each a bootstrap and one honest tiny-s node with the
 same seed); the second also has the adversary, which runs every attack mode one after another. Prints per
@@ -13,7 +13,7 @@ the common eval points; over seeds: mean +- SE and a verdict, "cannot tell" with
 Per mode it also prints the median round time of both honest nodes over the mode's window, side by side
 (`--honest-set admission.max_tokens_per_peer=0` turns the token budget off, to see what it saves).
 
-The adversary is a test helper (tests/adversary.py), not part of the package: run from the repository root.
+The adversary (tooling/adversary.py) is shared with the tests, not in the package: run from the checkout root.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.runs.stats import seeds_se, verdict
-from tests.adversary import MODES, run_side_by_side, summarize
+from tooling.adversary import MODES, run_side_by_side, summarize
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 
 
 def parse_set(kv: str) -> tuple[str, object]:

@@ -25,10 +25,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.dashboard.server import serve_dirs, stop
 from swarm_node.runs.stats import mean_std
-from tests import browser  # the headless Chromium helper is a test helper (tests/browser.py)
+from tooling import browser  # the headless Chromium helper the dashboard test uses too
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 
 PEERS = ("tiny-s", "tiny-m", "tiny-s-lora")
 RENDERED_JS = """

@@ -1,6 +1,6 @@
 """How fast a bootstrap answers DHT finds while a peer floods it with the largest StoreRequests it can send.
 
-A real `swarm-node bootstrap` process on 127.0.0.1; a real hivemind DHT peer (tests/tooling/dht_flood.py)
+A real `swarm-node bootstrap` process on 127.0.0.1; a real hivemind DHT peer (tooling/dht_flood.py)
 sends StoreRequests back to back, --concurrency at a time, for --duration seconds per shape; another real
 hivemind DHT peer times one `rpc_find` every 0.2 s against the bootstrap meanwhile (a find that gets no
 answer counts as --timeout). Shapes: `none` (no flood: the baseline, same run), `plain`, `subkeys` and
@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.runs.local_swarm import start_bootstrap
-from tests.tooling.dht_flood import SHAPES, FindProbe, Flooder, summary
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
+from tooling.dht_flood import SHAPES, FindProbe, Flooder, summary
 
 
 def main() -> None:

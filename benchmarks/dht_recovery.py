@@ -37,9 +37,9 @@ import statistics
 import threading
 import time
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import PeerInfo, SwarmPeer, keep_raw
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
@@ -124,8 +124,8 @@ def main() -> None:
 
 def dpo_ring(args, seeds: list[int], trials: int) -> None:
     """Node 0 of a ring of DPO-like SwarmPeers loses its DHT child; how soon do its neighbours hold its
-    next round's parameters? (tests/tooling/dpo_ring.py)"""
-    from tests.tooling.dpo_ring import DEADLINE_S, kill_and_watch
+    next round's parameters? (tooling/dpo_ring.py)"""
+    from tooling.dpo_ring import DEADLINE_S, kill_and_watch
 
     rows = []
     for seed in seeds:

@@ -6,7 +6,7 @@ holding synthetic user i mod 4, one local DPO step per round) averages through t
 or without it (plain averaging, `dpo.aggregation: mean`). Every node is built from one DPOConfig as
 DPONode builds it: under the robust rule the graph is widened to `dpo.min_neighbours` (the ring gets its
 second neighbours; `--min-neighbours 0` keeps it), and `Bypass` routes around missing neighbours.
-Hostile nodes (tests/dpo_adversary.py) train and average like the others but send their neighbours
+Hostile nodes (tooling/dpo_adversary.py) train and average like the others but send their neighbours
 corrupted, finite parameters through the real float16 payload codec; in the 2-attacker runs they are nodes 0 and 3 (every honest node has an honest
 neighbour on the ring), with 1 attacker node 0. For every graph, number of attackers, mode and rule it
 reports, over the seeds:
@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from benchmarks.dpo_topology import Swarm, consensus_error
 from swarm_node import dpo as G
 from swarm_node.config import DPOConfig
@@ -46,12 +45,12 @@ from swarm_node.dpo import topology
 from swarm_node.dpo.bypass import Bypass
 from swarm_node.dpo.neighbours import gossip_graph
 from swarm_node.dpo.robust import RobustAverager
-from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
-from tests.dpo_adversary import MODES, OMNISCIENT, HostileNeighbour, View, recipient  # a test helper
+from swarm_node.runs.stats import fmt_ms
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.byzantine_summary import ABSENT, summarize
+from tooling.dpo_adversary import MODES, OMNISCIENT, HostileNeighbour, View, recipient
 
 ROOT = Path(__file__).resolve().parents[1]
-
-ABSENT = "absent"  # a reference, not an attack: the hostile slots publish nothing (what refusing them leaves)
 
 GRAPHS = ("ring", "exponential")
 RULES = ("plain", "robust")
@@ -169,72 +168,6 @@ def contraction(graph: str, rule: str, min_neighbours: int = 0, n: int = 8, step
                   for i, p in enumerate(ids)]
     tail = errs[steps // 2:]
     return float((tail[-1] / tail[0]) ** (1.0 / (len(tail) - 1))), float(adj.sum(axis=1).mean())
-
-
-def worst_node(runs: list[dict], base: dict[int, dict]) -> tuple[float, float, str, int]:
-    """The honest node whose accuracy fell most against the no-attack run, paired over seeds and pairs."""
-    out = None
-    for i in runs[0]["nodes"]:
-        d, se, v = paired_difference([(r["nodes"][i], base[r["seed"]]["nodes"][i]) for r in runs], "acc", "hits")
-        if out is None or d < out[0]:
-            out = (d, se, v, i)
-    return out
-
-
-def summarize(results: list[dict], seeds: list[int]) -> dict:
-    key = lambda r: (r["graph"], len(r["byzantine"]), r["mode"], r["rule"])  # noqa: E731
-    groups: dict[tuple, list[dict]] = {}
-    for r in results:
-        groups.setdefault(key(r), []).append(r)
-    rows = []
-    for (graph, f, mode, rule), runs in sorted(groups.items()):
-        base = {r["seed"]: r for r in groups.get((graph, 0, "none", rule), [])}
-        row = {"graph": graph, "attackers": f, "mode": mode, "rule": rule, "seeds": len(runs),
-               "acc": mean_std([r["acc"] for r in runs]),
-               "consensus": mean_std([r["consensus"][-1] for r in runs]),
-               "refused_per_node_round": float(np.mean([r["refused_per_node_round"] for r in runs])),
-               "clipped_per_node_round": float(np.mean([r["clipped_per_node_round"] for r in runs])),
-               "refused": dict(sum((Counter(r["refused"]) for r in runs), Counter()))}
-        if f and all(r["seed"] in base for r in runs):
-            # the same honest nodes in the no-attack run: attack runs replace nodes by attackers
-            d, se, v, node = worst_node(runs, {s: {"nodes": {i: base[s]["nodes"][i] for i in runs[0]["nodes"]}}
-                                               for s in base})
-            row["worst_node"] = {"node": node, "diff": d, "se": se, "verdict": v}
-            row["worst_node_by_round"] = _worst_by_round(runs, base)
-            row["within_2_points"] = d >= -0.02
-            absent = {r["seed"]: r for r in groups.get((graph, f, ABSENT, rule), [])}
-            if mode != ABSENT and all(r["seed"] in absent for r in runs):
-                # the same rule with the hostile slots silent: what refusing them at once would leave
-                row["vs_absent"] = dict(zip(("diff", "se", "verdict"), paired_difference(
-                    [(_pooled(r), _pooled(absent[r["seed"]])) for r in runs], "acc", "hits"), strict=True))
-        rows.append(row)
-    cost = {}
-    for graph in sorted({r["graph"] for r in results}):
-        plain = {r["seed"]: r for r in groups.get((graph, 0, "none", "plain"), [])}
-        robust = groups.get((graph, 0, "none", "robust"), [])
-        if robust and all(r["seed"] in plain for r in robust):
-            d, se, v = paired_difference([(_pooled(r), _pooled(plain[r["seed"]])) for r in robust], "acc", "hits")
-            cost[graph] = {"acc_diff": d, "se": se, "verdict": v,
-                           "consensus_ratio": float(np.mean([r["consensus"][-1] for r in robust]) /
-                                                    np.mean([plain[r["seed"]]["consensus"][-1] for r in robust]))}
-    return {"rows": rows, "no_attack_cost": cost}
-
-
-def _worst_by_round(runs: list[dict], base: dict[int, dict]) -> dict[int, dict]:
-    """The worst honest node against the no-attack run at every round both were evaluated at: whether
-    what an attack costs is lost for good or only delays learning."""
-    common = set.intersection(*(set(r["at"]) for r in runs), *(set(b["at"]) for b in base.values()))
-    out = {}
-    for t in sorted(common):
-        d, se, v, node = worst_node([r | {"nodes": r["at"][t]} for r in runs],
-                                    {s: {"nodes": {i: b["at"][t][i] for i in runs[0]["at"][t]}} for s, b in base.items()})
-        out[t] = {"node": node, "diff": d, "se": se, "verdict": v}
-    return out
-
-
-def _pooled(run: dict) -> dict:
-    """A run's honest nodes as one arm: mean accuracy, and every node's hits one after another."""
-    return {"acc": run["acc"], "hits": [h for i in sorted(run["nodes"]) for h in run["nodes"][i]["hits"]]}
 
 
 def print_table(summary: dict, rates: dict, seeds: list[int], rounds: int) -> None:

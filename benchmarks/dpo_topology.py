@@ -9,7 +9,7 @@ gossip average through the same functions the networked node runs (swarm_node/dp
 - the measured per-step contraction of pure averaging (random vectors, no training) against the
   prediction rho = second-largest eigenvalue modulus of W (1 - spectral gap);
 - bytes sent per node per round with float16 and uint8 payloads;
-- CHOCO-Gossip (top-k compressed changes with error feedback, swarm_node/gossip/choco.py) against plain
+- CHOCO-Gossip (top-k compressed changes with error feedback, tooling/choco.py) against plain
   float16 averaging on the same graph: cumulative bytes per node until the mean accuracy first reaches
   95% of plain float16's final accuracy.
 
@@ -28,16 +28,16 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from swarm_node import dpo
 from swarm_node.dpo import topology
-from swarm_node.gossip import choco
 from swarm_node.models.factory import Preset, build_model, build_tokenizer
 from swarm_node.runs.stats import fmt_ms as fmt
 from swarm_node.runs.stats import mean_std
 from swarm_node.tasks.preferences import SyntheticPreferences
 from swarm_node.training.dpo import DPOTrainer, HeldOut
 from swarm_node.training.params import trainable_named
+from tooling import choco
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
 
 GRAPHS = ("path", "ring", "torus", "exponential", "complete")
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.nodes import grpo_node, heldout_score, node_config
 from swarm_node.grpo.round import GRPONode
 from swarm_node.runs.stats import mean_std, paired_difference
+from tooling.benchmark_nodes import grpo_node, heldout_score, node_config
 
 
 def node(model: str, training: dict, seed: int, args: argparse.Namespace, workdir: Path) -> GRPONode:

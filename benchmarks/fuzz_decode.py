@@ -1,6 +1,6 @@
 """Fuzz the batch decoder and the DHT record validators with structure-aware mutations and random bytes.
 
-Cases (tests/tooling/batch_fuzz.py and record_fuzz.py): valid batches with their msgpack body mutated
+Cases (tooling/batch_fuzz.py and record_fuzz.py): valid batches with their msgpack body mutated
 field by field, encoded payloads with their bytes damaged, random bytes (raw, behind a valid header, in
 a valid zstd frame), the bombs of issue 11, under the default DecodeLimits and under tight limits of the
 size a tiny node derives; and member records / announcements mutated, signed or not, under our swarm's
@@ -18,10 +18,10 @@ import argparse
 import logging
 import time
 
-from benchmarks.args import add_run_args, resolve_seeds
-from tests.tooling import batch_fuzz as pf  # the fuzzers are test tooling (tests/tooling/), not the package
-from tests.tooling import record_fuzz as sf
-from tests.tooling.fuzzing import merge_parts, report, seed_shares
+from tooling import batch_fuzz as pf  # the fuzzers the tests run too (tooling/, not the package)
+from tooling import record_fuzz as sf
+from tooling.benchmark_args import add_run_args, resolve_seeds
+from tooling.fuzzing import merge_parts, report, seed_shares
 
 SLOWEST_BUDGET_S = 0.5  # CPU seconds of one case (thread time, so a loaded machine does not inflate it)
 PEAK_RSS_BUDGET_MIB = 768  # the whole process: interpreter, numpy, hivemind, and the largest decode

@@ -1,6 +1,6 @@
 """Fuzz the DPO parameter payload codec (swarm/averaging/payload.py) and its receive path (mixing.gossip_step).
 
-Cases (tests/tooling/params_fuzz.py): valid payloads of random shapes, values and compressions (none, float16,
+Cases (tooling/params_fuzz.py): valid payloads of random shapes, values and compressions (none, float16,
 uint8) with a header field, a length prefix or a field of a tensor's protobuf message mutated; payload
 bytes damaged; random bytes; bombs (huge counts, lengths, shapes, unknown fields, the size bound). One case
 in ten also goes through gossip_step as a neighbour's payload. Prints, per family: cases, accepted,
@@ -20,9 +20,9 @@ import warnings
 
 import torch
 
-from benchmarks.args import add_run_args, resolve_seeds
-from tests.tooling import params_fuzz as gf  # the fuzzers are test tooling (tests/tooling/), not the package
-from tests.tooling.fuzzing import merge_parts, report, seed_shares
+from tooling import params_fuzz as gf  # the fuzzers the tests run too (tooling/, not the package)
+from tooling.benchmark_args import add_run_args, resolve_seeds
+from tooling.fuzzing import merge_parts, report, seed_shares
 
 SLOWEST_BUDGET_S = 0.5  # CPU seconds of one case
 PEAK_RSS_BUDGET_MIB = 768  # the whole process: interpreter, torch, hivemind, and the largest decode

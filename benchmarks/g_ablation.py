@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from benchmarks.frozen_source import paired_table, run_learner
 from swarm_node.runs.stats import fmt_ms
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
 
 GS = (5.0, 10.0, 50.0, 100.0, 200.0)
 DEFAULT_G = 50.0

@@ -28,8 +28,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # both backends on one thread: th
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json  # noqa: E402
 from swarm_node.runs.stats import seeds_se  # noqa: E402
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json  # noqa: E402
 
 
 def build_model(out: Path, hidden: int, layers: int) -> Path:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / "peers" / "qwen2.5-0.5b-instruct.yaml"

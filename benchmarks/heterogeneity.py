@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
-from benchmarks.nodes import grpo_node, heldout_score, node_config, one_thread, run_jobs
 from swarm_node.grpo.round import GRPONode
 from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.benchmark_nodes import grpo_node, heldout_score, node_config, one_thread, run_jobs
 
 PAIRS: dict[str, tuple[dict, dict]] = {
     "size": ({"path": "tiny-s"}, {"path": "tiny-m"}),

@@ -30,13 +30,13 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
-from benchmarks.nodes import heldout_score
 from swarm_node.config import load_config
 from swarm_node.grpo.round import GRPONode
 from swarm_node.node.metrics import read_metrics
 from swarm_node.runs.local_swarm import Peer, start_bootstrap, stop_processes, write_peer_config
 from swarm_node.runs.stats import seeds_se
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.benchmark_nodes import heldout_score
 
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ROOT / "peers"

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
-from benchmarks.nodes import grpo_node, node_config
 from swarm_node.grpo.round import GRPONode
 from swarm_node.runs.stats import fmt_ms, mean_std
 from swarm_node.training.ftis_step import FTISTrainer, PreparedBatch
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.benchmark_nodes import grpo_node, node_config
 
 
 def make_node(model: str, seed: int, prompts: int, g: int, max_new: int, workdir: Path) -> GRPONode:

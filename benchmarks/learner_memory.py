@@ -32,7 +32,7 @@ import textwrap
 from io import BytesIO
 from pathlib import Path
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
-from benchmarks.nodes import node_config
 from swarm_node.config import NodeConfig
 from swarm_node.grpo.round import GRPONode
 from swarm_node.training.groups import TrainGroup
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
+from tooling.benchmark_nodes import node_config
 
 
 def cfg_for(model: str, seed: int, prompts: int) -> NodeConfig:

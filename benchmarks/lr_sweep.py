@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
-from benchmarks.nodes import grpo_node, heldout_score, node_config
 from swarm_node.models.presets import PRESETS
 from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
+from tooling.benchmark_nodes import grpo_node, heldout_score, node_config
 
 GRID = {
     "tiny-s": [1e-5, 3e-5, 1e-4],

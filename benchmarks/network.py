@@ -1,8 +1,8 @@
 """A public swarm's network on one machine: peers behind NAT, and a bootstrap that dies (needs root).
 
-Each scenario builds a lab of network namespaces (tests/tooling/netlab.py: a public segment, home NAT
+Each scenario builds a lab of network namespaces (tooling/netlab.py: a public segment, home NAT
 routers) and runs real `swarm-node bootstrap` and tiny-s `swarm-node run` processes in it
-(tests/tooling/net_scenarios.py, the same code the slow tests assert on):
+(tooling/net_scenarios.py, the same code the slow tests assert on):
 
 - `nat`: three public bootstraps, one public peer, two peers behind two NATs with `use_auto_relay`.
   Reported: process start to joined, the node's own DHT join time, seconds from start until each
@@ -34,13 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
 
 SCENARIOS = ("nat", "nat_no_relay", "bootstrap_dies", "link_cut", "thin_uplink", "thin_control")
 
 
 def run_one(name: str, seed: int, work: Path, timeout_s: float, down_s: float, thin_bytes: int = 64_000) -> dict:
-    from tests.tooling import net_scenarios  # test tooling from the checkout (tests/tooling/)
+    from tooling import net_scenarios  # from the checkout, shared with the slow tests
 
     t0 = time.monotonic()
     if name == "bootstrap_dies":
@@ -106,7 +106,7 @@ def main() -> int:
     add_run_args(ap, seeds=3, quick="one seed, link_cut 20 s down", quick_seeds=1, first_seed=1)
     args = ap.parse_args()
     seeds = resolve_seeds(args)
-    from tests.tooling import netlab
+    from tooling import netlab
 
     reason = netlab.unavailable()
     if reason:

@@ -20,10 +20,10 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from benchmarks.frozen_source import paired_table, run_learner
 from swarm_node.runs.stats import fmt_ms
 from swarm_node.training.ftis import VARIANTS
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
 
 BASE = "on_policy"  # trains on the learner's own groups only (the F-TIS step skips external ones): the baseline
 

@@ -17,13 +17,13 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.config import GenerationConfig
 from swarm_node.evaluation import score_prompts
 from swarm_node.generation.prompts import PromptEncoder
 from swarm_node.models.loading import load_model
 from swarm_node.tasks.arithmetic import ArithmeticTask
 from swarm_node.tasks.base import Prompt
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 
 OPS = "+-"
 SCORE_NEW_TOKENS = 8  # as `swarm-node eval` (its default generation.max_new_tokens)

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
-from benchmarks.nodes import grpo_node, heldout_score, node_config
 from swarm_node.grpo.round import GRPONode
 from swarm_node.runs.stats import combined_se, fmt_ms, mean_std, paired_se, verdict
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.benchmark_nodes import grpo_node, heldout_score, node_config
 
 
 def make_node(model: str, seed: int, pipeline: bool, rounds: int, args, workdir: Path) -> GRPONode:

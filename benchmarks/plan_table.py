@@ -16,7 +16,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 CARDS = (16, 24, 40, 80)

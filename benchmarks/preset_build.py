@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 
 BUILD = """
 import json, sys, time, torch

@@ -37,11 +37,11 @@ from tempfile import TemporaryDirectory
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from swarm_node.config import NodeConfig, load_config
 from swarm_node.evaluation import score_prompts
 from swarm_node.grpo.round import GRPONode
 from swarm_node.runs.stats import fmt_ms, mean_std, paired_difference
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
 
 PEERS_DIR = Path(__file__).resolve().parents[1] / "peers"
 PEERS = ("smollm2-135m", "smollm2-135m-lora")

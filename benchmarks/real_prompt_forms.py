@@ -19,12 +19,12 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
 from swarm_node.generation.hf import TransformersGenerator, completion_text
 from swarm_node.generation.prompts import PromptEncoder, chat_template_setting
 from swarm_node.generation.stops import stop_token_ids
 from swarm_node.models.loading import load_model
 from swarm_node.tasks.arithmetic import ArithmeticTask
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
 
 FORMS = ("bare", "fewshot", "chat")
 

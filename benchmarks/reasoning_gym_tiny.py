@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
-from benchmarks.nodes import grpo_node, heldout_score, node_config
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.benchmark_nodes import grpo_node, heldout_score, node_config
 
 # name -> (dataset, generator config, prompt template or None for the full question)
 CANDIDATES = {

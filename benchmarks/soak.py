@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.node.metrics import read_metrics
 from swarm_node.runs.local_swarm import Peer, start_bootstrap, stop_process, write_peer_config
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 
-ROOT = Path(__file__).resolve().parents[1]  # peers/ (its bombs come from the test tooling, tests/tooling/)
+ROOT = Path(__file__).resolve().parents[1]  # peers/ (its bombs come from tooling/, shared with the tests)
 ATTACKS = ("junk", "zstd_bomb", "msgpack_bomb", "empty_planes", "oversized", "future_round", "replay")
 
 
@@ -81,7 +81,7 @@ class Attacker:
         from swarm_node.models.loading import tokenizer_fingerprint
         from swarm_node.swarm import PeerInfo, SwarmPeer
         from swarm_node.tasks.arithmetic import ArithmeticTask
-        from tests.tooling import batch_fuzz as pf
+        from tooling import batch_fuzz as pf
 
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.task = ArithmeticTask()

@@ -45,14 +45,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
-from benchmarks.nodes import one_thread, run_jobs
 from swarm_node.config import NodeConfig
 from swarm_node.evaluation import evaluate
 from swarm_node.grpo.rollouts import LocalRollouts
 from swarm_node.grpo.round import GRPONode
 from swarm_node.runs.stats import fmt_ms, linear_contrast, mean_std, paired_difference
 from swarm_node.tasks.arithmetic import PARTS
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.benchmark_nodes import one_thread, run_jobs
 
 MODELS: dict[str, dict] = {
     "tiny-s": {"path": "tiny-s"},

@@ -1,8 +1,8 @@
 """Two honest GRPO nodes sharing batches while --stallers identities announce batches and never deliver them.
 
-Real processes on 127.0.0.1: a bootstrap, two honest tiny-s nodes (tests/adversary.py's honest settings,
+Real processes on 127.0.0.1: a bootstrap, two honest tiny-s nodes (tooling/adversary.py's honest settings,
 `swarm.max_peers_per_round` 4), and once both have run --warmup rounds (each is then established at the
-other), tests/adversary.py in mode `stall_announce`: --stallers identities, each its own p2pd, push a
+other), tooling/adversary.py in mode `stall_announce`: --stallers identities, each its own p2pd, push a
 batch announcement to both honest nodes every honest round and, asked for the batch, never answer (or
 trickle one byte a second). Per honest node, over its rounds before the attack (baseline, same run) and
 during it: of the batches the other honest node published meanwhile (one a round), the share it trained
@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.node.metrics import read_metrics
 from swarm_node.runs.local_swarm import (
     Peer,
@@ -33,7 +32,8 @@ from swarm_node.runs.local_swarm import (
     stop_processes,
     write_peer_config,
 )
-from tests.adversary import honest_overrides
+from tooling.adversary import honest_overrides
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +76,7 @@ def run_once(tmp: Path, presets: Path, seed: int, args) -> dict:
         out = tmp / "adversary.json"
         with open(tmp / "adversary.log", "w") as log:
             adv = subprocess.Popen(
-                [sys.executable, str(ROOT / "tests" / "adversary.py"), "--model-dir", str(presets / "tiny-s"),
+                [sys.executable, str(ROOT / "tooling" / "adversary.py"), "--model-dir", str(presets / "tiny-s"),
                  "--maddr", boot.maddrs[0], "--swarm-id", "stall", "--out", str(out), "--state-dir",
                  str(tmp / "adversary-state"), "--modes", "stall_announce", "--min-mode-s", str(args.attack_s),
                  "--stallers", str(args.stallers), "--mode-timeout-s", str(args.attack_s + 60)],

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
 
 WORKER = r"""
 import json, os, sys, time

@@ -38,12 +38,12 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from benchmarks.args import add_run_args, resolve_seeds, write_json
 from swarm_node.protocol import MAJOR, MINOR, RolloutBatch, decode_batch, encode_batch
 from swarm_node.protocol.codec import LOGPROB_SCALE_BITS, batch_to_body, pack_body
 from swarm_node.protocol.columns import quantize_logprobs
 from swarm_node.runs.stats import mean_std
-from tests.tooling.batches import preset_batches, remap_vocab, sample_tiny_batch, zipf_batch  # test tooling
+from tooling.batches import preset_batches, remap_vocab, sample_tiny_batch, zipf_batch
+from tooling.benchmark_args import add_run_args, resolve_seeds, write_json
 
 PRESETS = ("tiny-s", "tiny-m")
 FIRST_SEED = 100  # away from the dictionary corpus (11-13) and the test fixture (7)

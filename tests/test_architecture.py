@@ -7,6 +7,7 @@ together.
 
 from __future__ import annotations
 
+import ast
 import copy
 from pathlib import Path
 from typing import Any
@@ -116,3 +117,53 @@ def test_the_network_room_contract_fails_when_another_package_imports_hivemind()
     assert contract.check(copy.deepcopy(graph), verbose=False).kept
     graph.add_import(importer="swarm_node.swarm.receiver", imported="torch", line_number=1, line_contents="import torch")
     assert not contract.check(graph, verbose=False).kept
+# Who may import whom outside the package: tests and benchmarks share tooling/ and never import each other,
+# tooling/ imports neither, and the installed package imports none of the three (none of them is in the wheel).
+FORBIDDEN = {"tests": {"benchmarks"}, "benchmarks": {"tests"}, "tooling": {"tests", "benchmarks"},
+             "swarm_node": {"tests", "benchmarks", "tooling"}}
+
+
+def _imported_roots(tree: ast.AST) -> set[str]:
+    """Top-level names a module imports: function-local imports and importlib.import_module("x.y") (an
+    f-string's leading text too) included; relative imports stay inside their own folder."""
+    roots = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name)) and node.args \
+                and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "import_module":
+            arg = node.args[0]
+            text = arg.values[0] if isinstance(arg, ast.JoinedStr) and arg.values else arg
+            if isinstance(text, ast.Constant) and isinstance(text.value, str):
+                roots.add(text.value.split(".")[0])
+    return roots
+
+
+def forbidden_imports(root: Path) -> list[str]:
+    found = []
+    for folder, banned in FORBIDDEN.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            bad = _imported_roots(ast.parse(path.read_text(), str(path))) & banned
+            found += [f"{path.relative_to(root)} imports {name}" for name in sorted(bad)]
+    return found
+
+
+def test_tests_and_benchmarks_share_tooling_and_never_import_each_other() -> None:
+    assert forbidden_imports(ROOT) == []
+
+
+def test_the_import_check_finds_tests_and_benchmarks_that_import_each_other(tmp_path: Path) -> None:
+    """The check above can fail: each kind of forbidden import in a made-up checkout is reported."""
+    files = {"tests/test_a.py": "def f():\n    import os, benchmarks.wire\n",
+             "tests/test_b.py": "import importlib\nimportlib.import_module(f'benchmarks.{1}')\n",
+             "benchmarks/x.py": "import tests.adversary\nfrom tooling import batches\n",
+             "tooling/y.py": "from tests.conftest import ROOT\n",
+             "swarm_node/z.py": "from tooling.fuzzing import pick\nfrom . import tests\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert forbidden_imports(tmp_path) == ["tests/test_a.py imports benchmarks", "tests/test_b.py imports benchmarks",
+                                           "benchmarks/x.py imports tests", "tooling/y.py imports tests",
+                                           "swarm_node/z.py imports tooling"]

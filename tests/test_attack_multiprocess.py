@@ -1,4 +1,4 @@
-"""Honest GRPO nodes beside a misbehaving peer (tests/adversary.py), as real processes on 127.0.0.1.
+"""Honest GRPO nodes beside a misbehaving peer (tooling/adversary.py), as real processes on 127.0.0.1.
 
 Two swarms run side by side: an honest tiny-s node alone, and the same seeded node with the adversary
 running every attack mode, one after another. For each attack the honest node counts the rejection by
@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from tests.adversary import MODES, run_side_by_side, summarize
+from tooling.adversary import MODES, run_side_by_side, summarize
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

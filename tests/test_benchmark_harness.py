@@ -1,24 +1,27 @@
 """The benchmarks' shared pieces: one node config, one held-out scorer that is the node's own evaluation,
-the shared seed/size/JSON arguments, one way to run (`python -m benchmarks.NAME`) and the index."""
+the shared seed/size/JSON arguments (tooling/benchmark_nodes.py, benchmark_args.py), one way to run
+(`python -m benchmarks.NAME`) and the index. Tests import no benchmark: a benchmark is read as source or
+run as a process, the way the docs run it."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
-import io
+import ast
 import json
+import os
 import re
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from benchmarks import args as bench_args
-from benchmarks import nodes
+from tooling import benchmark_args as bench_args
+from tooling import benchmark_nodes as nodes
 
 ROOT = Path(__file__).resolve().parents[1]
-HELPERS = {"__init__", "args", "nodes", "frozen_source"}  # modules that are not benchmarks themselves
+HELPERS = {"__init__", "frozen_source"}  # modules that are not benchmarks themselves
 BENCHMARKS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem not in HELPERS)
 TEMPLATE = "{% for m in messages %}Q: {{ m['content'] }}\nA:{% endfor %}"
 
@@ -49,16 +52,48 @@ def test_docs_run_benchmarks_one_way():
         assert "sys.path.insert" not in text or path.name == "test_benchmark_harness.py", path
 
 
+def shared_arguments_missing(source: str) -> list[str]:
+    """What a benchmark's source lacks of the one way to run: a main() that adds the shared arguments
+    (tooling.benchmark_args.add_run_args) and a __main__ guard that calls it."""
+    tree = ast.parse(source)
+    mains = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "main"]
+    calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    shared = any(isinstance(n, ast.ImportFrom) and n.module == "tooling.benchmark_args"
+                 and "add_run_args" in {a.name for a in n.names} for n in ast.walk(tree))
+    guard = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) and "main()" in ast.unparse(n)
+                for n in tree.body)
+    return [what for what, ok in (("main()", bool(mains)), ("add_run_args(...)", "add_run_args" in calls),
+                                  ("from tooling.benchmark_args import add_run_args", shared),
+                                  ("if __name__ == '__main__': main()", guard)) if not ok]
+
+
 @pytest.mark.parametrize("name", BENCHMARKS)
-def test_every_benchmark_takes_the_shared_arguments(name, monkeypatch):
-    module = importlib.import_module(f"benchmarks.{name}")
-    monkeypatch.setattr(sys, "argv", [name, "--help"])
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
-        module.main()
-    assert stop.value.code == 0
-    for flag in ("--quick", "--seeds", "--seed", "--json"):
-        assert flag in out.getvalue(), (name, flag)
+def test_every_benchmark_takes_the_shared_arguments(name):
+    assert shared_arguments_missing((ROOT / "benchmarks" / f"{name}.py").read_text()) == []
+
+
+def test_the_source_check_finds_a_benchmark_without_the_shared_arguments():
+    """The check above can fail: a benchmark that parses its own arguments is reported."""
+    source = "import argparse\n\ndef main():\n    argparse.ArgumentParser().parse_args()\n"
+    assert shared_arguments_missing(source) == ["add_run_args(...)", "from tooling.benchmark_args import add_run_args",
+                                                "if __name__ == '__main__': main()"]
+
+
+def _help(name: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+@pytest.mark.slow
+def test_every_benchmark_starts_as_a_module_and_shows_the_shared_arguments():
+    """`python -m benchmarks.NAME --help` for every benchmark, as the docs run them: its imports resolve
+    (a moved or renamed module fails here) and its help lists the shared arguments."""
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        runs = dict(zip(BENCHMARKS, pool.map(_help, BENCHMARKS), strict=True))
+    for name, run in runs.items():
+        assert run.returncode == 0, (name, run.stderr[-2000:])
+        for flag in ("--quick", "--seeds", "--seed", "--json"):
+            assert flag in run.stdout, (name, flag)
 
 
 def parse(argv: list[str], **defaults) -> argparse.Namespace:
@@ -146,45 +181,55 @@ def test_heldout_score_is_the_nodes_own_evaluation(chat_model, tmp_path, monkeyp
     assert calls[2][:3] == ([p.id for p in node.task.eval_prompts("ood", 4)], 8, 5)
 
 
-def _real_learning_part(path: Path, arm: str, seeds: list[int], rounds: int = 24) -> Path:
-    """A made-up --json file of benchmarks.real_learning: per seed and peer, 10 problems, hits chosen per arm."""
-    from benchmarks import real_learning as rl
+REAL_LEARNING_PEERS = ("smollm2-135m", "smollm2-135m-lora")  # benchmarks/real_learning.py's PEERS
 
+
+def _real_learning_results(arm: str, seeds: list[int], rounds: int = 24) -> list[dict]:
+    """Made-up runs of benchmarks.real_learning: per seed and peer, 10 problems, hits chosen per arm."""
     results = []
     for seed in seeds:
-        for model in rl.PEERS:
+        for model in REAL_LEARNING_PEERS:
             start = [i < 3 for i in range(10)]
             end = [i < (6 if arm == "ftis" else 5) + seed % 2 for i in range(10)]
             results.append({"arm": arm, "seed": seed, "model": model, "start": 0.3, "start_hits": start,
                             "end": sum(end) / 10, "hits": end, "curve": [(0, 0.3), (rounds, sum(end) / 10)],
                             "sample_s_per_round": 1.0, "train_s_per_round": 2.0, "external_groups_trained": 0,
                             "reward_first": 0.1, "reward_last": 0.2})
+    return results
+
+
+def _real_learning_part(path: Path, results: list[dict], rounds: int = 24, seconds: float = 100.0) -> Path:
+    """The runs as a --json file of benchmarks.real_learning."""
     args = {"rounds": rounds, "eval_n": 200, "prompts": None, "lr_full": None, "lr_lora": None}
-    path.write_text(json.dumps({"args": args, "seconds": 100.0, "results": results, "table": []}))
+    path.write_text(json.dumps({"args": args, "seconds": seconds, "results": results, "table": []}))
     return path
 
 
-def test_real_learning_combines_runs_of_other_arms_into_the_table_of_one_run(tmp_path, monkeypatch):
-    """Arms run as two processes (one per core) give the table that one process running both would give."""
-    from benchmarks import real_learning as rl
+@pytest.mark.slow
+def test_real_learning_combines_runs_of_other_arms_into_the_table_of_one_run(tmp_path):
+    """Arms run as two processes (one per core) give the table that one process running both would give:
+    `--combine` of the two files against `--combine` of one file holding every run, as real processes."""
+    alone, ftis = _real_learning_results("alone", [0, 1, 2]), _real_learning_results("ftis", [0, 1, 2])
+    a = _real_learning_part(tmp_path / "a.json", alone)
+    f = _real_learning_part(tmp_path / "f.json", ftis)
+    one = _real_learning_part(tmp_path / "one.json", alone + ftis, seconds=200.0)
+    other = _real_learning_part(tmp_path / "o.json", _real_learning_results("naive", [0], 12), rounds=12)
 
-    a = _real_learning_part(tmp_path / "a.json", "alone", [0, 1, 2])
-    f = _real_learning_part(tmp_path / "f.json", "ftis", [0, 1, 2])
-    monkeypatch.setattr(sys, "argv", ["real_learning", "--combine", str(a), str(f), "--json", str(tmp_path / "c.json")])
-    with contextlib.redirect_stdout(io.StringIO()) as out:
-        rl.main()
-    both = json.loads((tmp_path / "c.json").read_text())
-    parts = json.loads(a.read_text())["results"] + json.loads(f.read_text())["results"]
-    assert both["table"] == json.loads(json.dumps(rl.verdicts(parts)))
+    def combine(*argv: str | Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "benchmarks.real_learning", "--combine", *map(str, argv)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    calls = [(a, f, "--json", tmp_path / "c.json"), (one, "--json", tmp_path / "c1.json"),
+             (a, other), (a, a)]  # another size, and the same runs twice: refused
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        two, single, other_size, twice = pool.map(lambda argv: combine(*argv), calls)
+    assert two.returncode == 0 and single.returncode == 0, (two.stderr[-2000:], single.stderr[-2000:])
+    both, reference = json.loads((tmp_path / "c.json").read_text()), json.loads((tmp_path / "c1.json").read_text())
+    assert both["table"] == reference["table"] and len(both["table"]) == 4
     assert both["seconds"] == 200.0 and both["args"]["rounds"] == 24
-    ftis = [e for e in both["table"] if e["arm"] == "ftis"]
-    assert len(ftis) == 2 and all("vs_alone" in e and e["vs_alone"][0] > 0 for e in ftis)  # paired across files
-    assert "combined 12 runs from 2 files" in out.getvalue()
-
-    other = _real_learning_part(tmp_path / "o.json", "naive", [0], rounds=12)  # another size: refused
-    monkeypatch.setattr(sys, "argv", ["real_learning", "--combine", str(a), str(other)])
-    with pytest.raises(SystemExit, match="cannot combine"):
-        rl.main()
-    monkeypatch.setattr(sys, "argv", ["real_learning", "--combine", str(a), str(a)])  # the same runs twice
-    with pytest.raises(SystemExit, match="also in an earlier file"):
-        rl.main()
+    ftis_rows = [e for e in both["table"] if e["arm"] == "ftis"]
+    assert len(ftis_rows) == 2 and all("vs_alone" in e and e["vs_alone"][0] > 0 for e in ftis_rows)  # paired across files
+    assert "combined 12 runs from 2 files" in two.stdout
+    assert other_size.returncode != 0 and "cannot combine" in other_size.stderr
+    assert twice.returncode != 0 and "also in an earlier file" in twice.stderr

@@ -12,7 +12,7 @@ from swarm_node.node.checkpoint import (
     remove_partial,
     save_checkpoint,
 )
-from tests.tooling.full_disk import mount_tmpfs
+from tooling.full_disk import mount_tmpfs
 
 
 def test_resaving_a_round_replaces_it_whole(tmp_path):

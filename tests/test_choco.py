@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from swarm_node.dpo import mixing, topology
-from swarm_node.gossip import choco
+from tooling import choco
 
 
 def test_top_k_keeps_the_largest_entries_as_float16():

@@ -26,8 +26,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import browser  # noqa: E402  (tests/browser.py)
+from tooling import browser
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

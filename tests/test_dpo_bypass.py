@@ -12,8 +12,8 @@ from swarm_node.dpo import bypass
 from swarm_node.dpo import topology as T
 from swarm_node.dpo.bypass import Bypass
 from swarm_node.dpo.robust import RobustAverager
-from tests.dpo_adversary import HostileNeighbour, View, recipient
-from tests.tooling.dpo_swarm import FakeDPOSwarm
+from tooling.dpo_adversary import HostileNeighbour, View, recipient
+from tooling.dpo_swarm import FakeDPOSwarm
 
 IDS = [f"p{i}" for i in range(8)]
 FP = "b" * 16
@@ -208,7 +208,7 @@ def test_stalls_are_watched_under_the_clipped_rule_only() -> None:
 def _ring_beside_a_dissensus_node(stall_ratio: float, rounds: int = 80, mode: str = "dissensus",
                                   ratios: dict[str, list[float]] | None = None, min_neighbours: int = 0) -> float:
     """Robust gossip on an 8-node ring whose node 0 sends each neighbour the point that cancels its pull
-    towards its honest neighbour (tests/dpo_adversary.py, mode dissensus, computed on each neighbour's own
+    towards its honest neighbour (tooling/dpo_adversary.py, mode dissensus, computed on each neighbour's own
     graph as the benchmark does). Each node starts at the common initial point and takes a local step
     towards its own target every round (non-IID data in miniature), through the real codec, gossip_step,
     RobustAverager and Bypass. Returns the honest nodes' consensus error at the end; `ratios` collects
@@ -262,7 +262,7 @@ def test_a_ring_node_held_still_by_a_dissensus_neighbour_widens_and_reaches_cons
 
 
 def test_a_paced_dissensus_neighbour_splits_a_ring_unless_the_ring_is_widened() -> None:
-    """An attacker that knows the stall rule (tests/dpo_adversary.py, mode paced) steers each neighbour's
+    """An attacker that knows the stall rule (tooling/dpo_adversary.py, mode paced) steers each neighbour's
     pull ratio to just over dpo.stall_ratio: the neighbourhood never widens, the two nodes beside it drift
     from the rest on their own data until they are refused (and refuse), and the honest ring splits as if
     there were no stall rule. With dpo.min_neighbours 3 the ring has its second neighbours too, and two

@@ -1,8 +1,9 @@
-"""benchmarks/dpo_byzantine.py's by-round summary: an attack that only delays learning shows as a gap that closes."""
+"""benchmarks/dpo_byzantine.py's by-round summary (tooling/byzantine_summary.py): an attack that only delays
+learning shows as a gap that closes."""
 
 from __future__ import annotations
 
-from benchmarks.dpo_byzantine import summarize
+from tooling.byzantine_summary import summarize
 
 
 def _run(mode: str | None, seed: int, hits_by_round: dict[int, dict[int, list[bool]]]) -> dict:

@@ -256,7 +256,7 @@ def test_a_restarted_ring_node_resumes_and_catches_up_with_its_neighbours(tmp_pa
 
 def _beside_a_scaling_adversary(tmp_path: Path, model_dir: Path, swarm: str, sets: list[str], rounds: int = 20,
                                 honest: int = 4) -> tuple[dict, list[list[dict]]]:
-    """`honest` real DPO nodes (users 0..honest-1, `dpo.aggregation=clipped`) and tests/dpo_adversary.py in
+    """`honest` real DPO nodes (users 0..honest-1, `dpo.aggregation=clipped`) and tooling/dpo_adversary.py in
     mode `scaled` (its neighbours' parameters x 1e3) on a ring of honest + 1; returns the adversary's report
     and each honest node's metrics rows."""
     boot, maddr = _bootstrap(swarm, tmp_path)
@@ -272,7 +272,7 @@ def _beside_a_scaling_adversary(tmp_path: Path, model_dir: Path, swarm: str, set
                                                                "dpo.gossip_deadline_s=10"]))
         adv_sets = ["swarm.heartbeat_s=1", "swarm.record_ttl_s=6", "dpo.gossip_deadline_s=4", *common]
         adv = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "dpo_adversary.py"), "--model-dir", str(model_dir), "--maddr", maddr,
+            [sys.executable, str(ROOT / "tooling" / "dpo_adversary.py"), "--model-dir", str(model_dir), "--maddr", maddr,
              "--swarm-id", swarm, "--mode", "scaled", "--rounds", str(rounds), "--out", str(report),
              "--state-dir", str(tmp_path / "adv"), *[a for s in adv_sets for a in ("--set", s)]],
             cwd=ROOT, env=_env(), stdout=open(tmp_path / "adv.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -301,7 +301,7 @@ def _refused_in_nearly_every_attacked_round(rows: list[dict], bad: dict) -> None
 
 
 def test_honest_ring_nodes_refuse_a_real_hostile_neighbour(tmp_path: Path, model_dir: Path) -> None:
-    """4 honest nodes (users 0-3, `dpo.aggregation=clipped`) and tests/dpo_adversary.py on a 5-node ring, as
+    """4 honest nodes (users 0-3, `dpo.aggregation=clipped`) and tooling/dpo_adversary.py on a 5-node ring, as
     real processes: the adversary follows its neighbours' rounds and publishes their parameters x 1e3. Its two
     ring neighbours refuse it (`norm_outlier`) from round 0 (their first update gives the scale) and, from
     round 3 (`dpo.bypass_after`), route around it: they average with each other, so the honest nodes form a

@@ -1,7 +1,7 @@
 """Robust DPO averaging (dpo/robust.py) against hostile neighbours, through the real codec and gossip_step.
 
 Parameter-space tests first (no model: fast), then one swarm of tiny models that learns beside a hostile
-neighbour (tests/dpo_adversary.py) with the robust rule and does not with plain averaging.
+neighbour (tooling/dpo_adversary.py) with the robust rule and does not with plain averaging.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from swarm_node.dpo import robust as R
 from swarm_node.dpo import topology as T
 from swarm_node.errors import ConfigError
 from swarm_node.swarm.averaging.reasons import PARAM_REASONS
-from tests.tooling.dpo_swarm import FakeDPOSwarm
+from tooling.dpo_swarm import FakeDPOSwarm
 
 FP = "r" * 16
 ROOT = Path(__file__).resolve().parents[1]
@@ -378,7 +378,7 @@ def test_a_swarm_learns_beside_a_scaling_neighbour_only_with_robust_averaging(to
     from swarm_node.tasks.preferences import SyntheticPreferences
     from swarm_node.training.dpo import DPOTrainer, HeldOut
     from swarm_node.training.params import trainable_named
-    from tests.dpo_adversary import HostileNeighbour, View
+    from tooling.dpo_adversary import HostileNeighbour, View
 
     torch.set_num_threads(1)
     n, rounds = 6, 12

@@ -18,7 +18,7 @@ import pytest
 
 from swarm_node.node.metrics import read_metrics
 from swarm_node.runs.local_swarm import Peer, child_env, cli, stop_process, write_peer_config
-from tests.tooling.full_disk import FileSizeLimit, mount_tmpfs, tmpfs_or_skip
+from tooling.full_disk import FileSizeLimit, mount_tmpfs, tmpfs_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -443,12 +443,12 @@ def test_sigkill_of_a_peer_mid_transfer_costs_the_downloader_no_round(presets: P
 
 @pytest.mark.timeout(300)
 def test_dpo_neighbours_get_every_next_round_of_a_node_whose_dht_child_is_killed() -> None:
-    """4 SwarmPeers in DPO rounds on a ring (tests/tooling/dpo_ring.py: the DPO demo's swarm settings, fast
+    """4 SwarmPeers in DPO rounds on a ring (tooling/dpo_ring.py: the DPO demo's swarm settings, fast
     local steps); node 0's DHT child is SIGKILLed 4 times. Before, its failed member reads answered
     "nobody", so it ran rounds alone, ahead of its neighbours, and the round they asked it for next was no
     longer kept (4 of 10 kills lost a round at both neighbours; benchmarks/dht_recovery.py --exchange dpo).
     Now both neighbours hold node 0's next round after every kill."""
-    from tests.tooling.dpo_ring import kill_and_watch
+    from tooling.dpo_ring import kill_and_watch
 
     rows = kill_and_watch(4, 4, seed=1, payload=700_000, step_s=0.05)
     print("\n" + "\n".join(str(r) for r in rows))

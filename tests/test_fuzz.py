@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from tests.tooling import batch_fuzz as pf
-from tests.tooling import record_fuzz as sf
+from tooling import batch_fuzz as pf
+from tooling import record_fuzz as sf
 
 
 def test_decoder_fuzz_finds_no_exception_and_no_invariant_violation() -> None:
@@ -29,7 +29,7 @@ def test_dpo_parameter_fuzz_finds_no_exception_and_no_invariant_violation() -> N
     """A short run of benchmarks/fuzz_params.py: the DPO payload codec and gossip_step's receive path."""
     import warnings
 
-    from tests.tooling import params_fuzz as gf
+    from tooling import params_fuzz as gf
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # hivemind's 8-bit encoder: a torch deprecation warning per call
@@ -59,7 +59,7 @@ def test_the_params_fuzzer_frames_follow_the_codecs_real_layout() -> None:
     import torch
 
     from swarm_node.swarm.averaging.payload import MAGIC, VERSION, encode_params
-    from tests.tooling import params_fuzz as gf
+    from tooling import params_fuzz as gf
 
     tensors = [torch.ones(3, 4), torch.zeros(5)]
     for compression in ("none", "float16", "uint8"):

@@ -1,4 +1,4 @@
-"""Identities that announce batches and never deliver them (tests/tooling/stallers.py), against a real
+"""Identities that announce batches and never deliver them (tooling/stallers.py), against a real
 SwarmPeer on 127.0.0.1 (docs/security.md, "Download slots").
 
 Before: 4 download slots handed out first come, first served, each held up to collect_deadline_s (15 s),
@@ -17,7 +17,7 @@ import pytest
 
 from swarm_node.swarm import SwarmPeer, keep_raw
 from tests.test_swarm import INFO, _cfg
-from tests.tooling.stallers import Stallers
+from tooling.stallers import Stallers
 
 
 def _wait(cond, timeout_s: float) -> bool:

@@ -25,7 +25,7 @@ from swarm_node.protocol import (
 from swarm_node.protocol import columns as col
 from swarm_node.protocol.codec import ID_PACKED, ID_PLANES, batch_to_body, pack_body
 from swarm_node.protocol.framing import HEADER, MAGIC, MAJOR, frame
-from tests.tooling.batch_fuzz import empty_planes_bomb, nested_arrays_bomb, tight_limits, zeros_bomb
+from tooling.batch_fuzz import empty_planes_bomb, nested_arrays_bomb, tight_limits, zeros_bomb
 
 MiB = 1 << 20
 

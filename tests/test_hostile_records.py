@@ -24,7 +24,7 @@ from hivemind.utils.timed_storage import get_dht_time
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import PeerInfo, SwarmPeer, dht_bounds, records
 from swarm_node.swarm.dht import RefusalTally, record_refusals
-from tests.tooling import dht_flood
+from tooling import dht_flood
 
 
 def _identity(tmp_path: Path, name: str):

@@ -243,7 +243,7 @@ def test_patient_sybils_that_split_a_compute_budget_over_many_identities_lose_th
     """The same 40 well-behaved identities for 200 rounds, with as much compute as the 3 honest peers
     together (2 completions a batch each, against 32): drawn uniformly they establish and take nearly
     every slot; drawn by verified volume (the default) the honest peers keep theirs."""
-    from benchmarks.sybil_newcomers import simulate
+    from tooling.newcomer_rounds import simulate
 
     honest = ["h0", "h1", "h2"]
 

@@ -170,7 +170,7 @@ def test_a_full_disk_costs_no_row_and_leaves_no_torn_line(tmp_path, disk, caplog
     """metrics.jsonl on a disk that fills up (a real tmpfs, root only; or a file-size limit on this process:
     the kernel's EFBIG after a short write, any user). Writes never raise; a row that does not fit is cut
     back off and held; the warning is rate-limited and counts; once space returns the held rows land in order."""
-    from tests.tooling.full_disk import FileSizeLimit, tmpfs_or_skip
+    from tooling.full_disk import FileSizeLimit, tmpfs_or_skip
 
     pad = "x" * 3000  # a row fills most of a page: on a full tmpfs the next row cannot fit in the last one
     state = tmp_path / "disk"

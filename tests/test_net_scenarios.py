@@ -1,7 +1,7 @@
-"""Real GRPO nodes in the network lab (tests/tooling/netlab.py): peers behind NAT, a bootstrap that dies.
+"""Real GRPO nodes in the network lab (tooling/netlab.py): peers behind NAT, a bootstrap that dies.
 
 Each test builds its own namespaces (as root; skipped with the harness's reason otherwise), runs real
-`swarm-node bootstrap` and `swarm-node run` processes in them (tests/tooling/net_scenarios.py) and
+`swarm-node bootstrap` and `swarm-node run` processes in them (tooling/net_scenarios.py) and
 removes everything at the end. The figures the scenarios return are benchmarks/network.py's.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.tooling import net_scenarios, netlab
+from tooling import net_scenarios, netlab
 
 REASON = netlab.unavailable()
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400),

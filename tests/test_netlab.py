@@ -1,4 +1,4 @@
-"""The network lab (tests/tooling/netlab.py): NAT, bandwidth caps, and teardown on every exit path.
+"""The network lab (tooling/netlab.py): NAT, bandwidth caps, and teardown on every exit path.
 
 Needs root, `ip`, nftables/iptables and `tc`; skipped with the harness's one-line reason otherwise.
 """
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from tests.tooling import netlab
-from tests.tooling.netlab import NetLab, our_namespaces, tcp_reachable
+from tooling import netlab
+from tooling.netlab import NetLab, our_namespaces, tcp_reachable
 
 REASON = netlab.unavailable()
 needs_lab = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -88,7 +88,7 @@ def test_torn_down_on_exception_and_close():
 
 CHILD = textwrap.dedent("""
     import sys, time
-    from tests.tooling.netlab import NetLab
+    from tooling.netlab import NetLab
     lab = NetLab()
     lab.home("h")
     print(lab.tag, flush=True)

@@ -23,7 +23,7 @@ def test_every_subpackage_is_listed():
 
 def test_the_wheel_ships_no_fuzzer_or_test_builder(tmp_path):
     """Build the wheel from a copy of the sources and list its files: the package, the peer configs, and
-    none of the test tooling (tests/tooling/: fuzzers, batch builders), which nothing installed imports."""
+    none of tooling/ (fuzzers, batch builders, adversaries, CHOCO) or tests/, which nothing installed imports."""
     import re
     import shutil
     import subprocess
@@ -32,7 +32,7 @@ def test_the_wheel_ships_no_fuzzer_or_test_builder(tmp_path):
 
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for part in ("swarm_node", "peers", "tests"):  # tests/ too: it must stay out even when it is there
+    for part in ("swarm_node", "peers", "tests", "tooling"):  # tests/ and tooling/ too: out even when there
         shutil.copytree(ROOT / part, src / part, ignore=ignore)
     for f in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / f, src / f)
@@ -44,9 +44,9 @@ def test_the_wheel_ships_no_fuzzer_or_test_builder(tmp_path):
         names = whl.namelist()
         sources = {n: whl.read(n).decode() for n in names if n.endswith(".py")}
     assert "swarm_node/swarm/peer.py" in names and "swarm_node/peers/tiny-s.yaml" in names  # not vacuous
-    tooling = [n for n in names if re.search(r"fuzz|(^|/)batches\.py$|(^|/)tests/|adversary", n)]
+    tooling = [n for n in names if re.search(r"fuzz|(^|/)batches\.py$|(^|/)(tests|tooling)/|adversary|choco", n)]
     assert tooling == [], tooling
-    assert [n for n, text in sources.items() if re.search(r"^\s*(from|import) tests\b", text, re.M)] == []
+    assert [n for n, text in sources.items() if re.search(r"^\s*(from|import) (tests|tooling)\b", text, re.M)] == []
 
 
 # Releases with known vulnerabilities that reach this code (docs/operations.md, "Keeping the dependencies

@@ -26,8 +26,8 @@ from swarm_node.protocol import columns as col
 from swarm_node.protocol import pids as pid_codec
 from swarm_node.protocol.codec import ID_PACKED, ID_PLANES, batch_to_body, pack_body
 from swarm_node.protocol.framing import HEADER, MAGIC, MAJOR, frame
-from tests.tooling import batches as wire
-from tests.tooling.batch_fuzz import check_invariants
+from tooling import batches as wire
+from tooling.batch_fuzz import check_invariants
 
 LP_TOL = 1 / 128  # documented bound, below the required 0.01
 

@@ -2,7 +2,7 @@
 
 The fixture is one round of a trained tiny-s preset (tests/data/wire_batch_tiny_s.json: 16 arithmetic
 prompts x 8 completions of up to 6 tokens, seed 7, which the zstd dictionary's training corpus did not
-include), written by tests/tooling/batches.py's preset_batches + batch_to_json.
+include), written by tooling/batches.py's preset_batches + batch_to_json.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from swarm_node.protocol import pids as pid_codec
 from swarm_node.protocol.codec import LOGPROB_SCALE_BITS, batch_to_body
 from swarm_node.protocol.columns import from_planes
 from swarm_node.protocol.sharing import D_SPAN
-from tests.tooling.batches import batch_from_json
+from tooling.batches import batch_from_json
 
 FIXTURE = Path(__file__).parent / "data" / "wire_batch_tiny_s.json"
 LP_BOUND = 2.0 ** -(LOGPROB_SCALE_BITS + 1)  # docs/protocol.md: |decoded - sent| <= 1/128

@@ -134,7 +134,7 @@ class PeerView:
 
         With a `rank`, the peers ranked 0 (trusted) fill all but one of the n first and strangers the rest:
         anyone may push to us and so join the view, and without this, identities that only announce
-        (tests/tooling/stallers.py) took nearly all of our pushes, so an established peer heard of our
+        (tooling/stallers.py) took nearly all of our pushes, so an established peer heard of our
         batches only now and then; the stranger's place keeps newcomers hearing of them.
         """
         now = time.monotonic()

@@ -27,7 +27,7 @@ As a process (a multi-process test) it joins a real swarm as a DPO peer through 
 (DPONode.join_swarm: SwarmPeer, signed records, the blob handler), follows its ring neighbours' rounds by
 fetching their parameters, and publishes its corrupted ones for the same round:
 
-    python tests/dpo_adversary.py --model-dir DIR --maddr MADDR --swarm-id S --mode scaled --rounds N --out F
+    python tooling/dpo_adversary.py --model-dir DIR --maddr MADDR --swarm-id S --mode scaled --rounds N --out F
 
 `equivocate` and `dissensus` need a different payload per reader, which one signed announcement per round cannot carry
 (a reader refuses bytes whose sha256 differs from it: `swarm:digest_mismatch`), so the process refuses it.

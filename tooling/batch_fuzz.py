@@ -31,7 +31,7 @@ from swarm_node.protocol.codec import (
 )
 from swarm_node.protocol.errors import ProtocolError
 from swarm_node.protocol.framing import HEADER, MAGIC, MAJOR, MINOR, frame
-from tests.tooling.fuzzing import EDGE_INTS, INT64_MAX, FuzzStats, pick, random_object, random_text, run_case
+from tooling.fuzzing import EDGE_INTS, INT64_MAX, FuzzStats, pick, random_object, random_text, run_case
 
 VOCABS = (2, 3, 50, 256, 257, 1000, 151_936, 1 << 24)
 COLUMNS = ("pti", "pn", "ng", "pl", "cl", "cs", "ri", "pal", "idx", "lq", "lx")

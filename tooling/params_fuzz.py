@@ -32,7 +32,7 @@ from swarm_node.swarm.averaging.payload import (
     decode_params,
     encode_params,
 )
-from tests.tooling.fuzzing import FuzzStats, pick, run_case
+from tooling.fuzzing import FuzzStats, pick, run_case
 
 HEADER = struct.Struct("<4sB16sI")
 """b"SNDP" | u8 version | 16-byte architecture fingerprint | u32 tensor count (little-endian, docs/dpo.md)."""

@@ -8,7 +8,9 @@ and is sent later (the error feedback), so the consensus still converges with a 
 
 Q here is top-k sparsification per tensor: the k = ceil(fraction * numel) entries of largest magnitude,
 sent as int32 indices and float16 values. Used by benchmarks/dpo_topology.py to measure bytes for the same
-accuracy against plain averaging; the networked DPO node still sends full parameters (docs/dpo.md).
+accuracy against plain averaging; the networked DPO node still sends full parameters (docs/dpo.md). It lives
+in tooling/, not in the package: no node runs it, and it saved no bytes on the graphs measured (docs/results.md,
+"Topologies side by side"), so the wheel does not carry it; the benchmark keeps that result reproducible.
 """
 
 from __future__ import annotations

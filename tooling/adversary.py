@@ -8,7 +8,7 @@ each attack needs. It follows the honest peers' round and runs its modes one aft
 (JSON: its peer id, and per mode the unix times it ran), so a reader can attribute an honest node's
 rejections to the attack that caused them.
 
-    python tests/adversary.py --model-dir DIR --maddr MADDR --swarm-id S --out F [--modes a,b] [...]
+    python tooling/adversary.py --model-dir DIR --maddr MADDR --swarm-id S --out F [--modes a,b] [...]
 
 MODES maps each mode to the reasons an honest GRPO node must count for it (`rejected` keys of its
 metrics rows; "rewards_overridden" is the row's own count). A few are expected to cost nothing visible:
@@ -59,10 +59,10 @@ MODES: dict[str, tuple[str, ...]] = {
     "wrong_digest": ("swarm:digest_mismatch",),
     "stall": (),
     "junk_requests": ("swarm:bad_request",),
-    # --stallers identities announce batches and never answer (tests/tooling/stallers.py): their downloads
+    # --stallers identities announce batches and never answer (tooling/stallers.py): their downloads
     # are cut off after download_stall_s without a byte and counted, and never hold an established peer's slot
     "stall_announce": ("swarm:stalled",),
-    # 4 MiB StoreRequests (~110k records, tests/tooling/dht_flood.py) at the honest node's DHT child
+    # 4 MiB StoreRequests (~110k records, tooling/dht_flood.py) at the honest node's DHT child
     "dht_flood": ("swarm:store_too_large",),
 }
 BATCH_MODES = ("false_rewards", "nan_rewards", "extreme_logprobs", "ids_over_vocab", "length_mismatch",
@@ -180,7 +180,7 @@ class Forge:
         from swarm_node.protocol import encode_batch
         from swarm_node.protocol.codec import LQ_ESCAPE, batch_to_body, pack_body
         from swarm_node.protocol.framing import frame
-        from tests.tooling.batch_fuzz import empty_planes_bomb, nested_arrays_bomb, zeros_bomb
+        from tooling.batch_fuzz import empty_planes_bomb, nested_arrays_bomb, zeros_bomb
 
         if mode == "zstd_bomb":
             return zeros_bomb(256 << 20)
@@ -275,7 +275,7 @@ class Adversary:
                              task_id=n.task.task_id)
         self.node = SwarmPeer(self.cfg, self.info, validate=keep_raw).start()  # replays take honest bytes
         self.sybils: list = []
-        self.stallers = None  # tests/tooling/stallers.Stallers while stall_announce runs
+        self.stallers = None  # tooling/stallers.Stallers while stall_announce runs
         self.newest = 0  # newest round we announced a batch for
         self._honest: dict[str, int] = {}
         self._honest_at = -1e9
@@ -440,7 +440,7 @@ class Adversary:
 
             from hivemind.p2p import PeerID
 
-            from tests.tooling.dht_flood import _flood
+            from tooling.dht_flood import _flood
 
             for pid in self.honest():
                 counts = node.dht.call("run_coroutine", functools.partial(
@@ -467,7 +467,7 @@ class Adversary:
     async def start_stallers(self):
         """--stallers identities, each with its own p2pd, connected to the honest peers (at the addresses our
         p2pd has for them)."""
-        from tests.tooling.stallers import Stallers
+        from tooling.stallers import Stallers
 
         honest = set(self.honest())
         maddrs = [f"{a}/p2p/{p.peer_id.to_base58()}" for p in await self.node.dht.p2p.list_peers()

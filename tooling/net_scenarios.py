@@ -1,4 +1,4 @@
-"""Network scenarios on a NetLab (tests/tooling/netlab.py): real GRPO nodes behind NATs, bootstraps that die.
+"""Network scenarios on a NetLab (tooling/netlab.py): real GRPO nodes behind NATs, bootstraps that die.
 
 Test tooling shared by the slow tests (tests/test_net_scenarios.py) and `benchmarks/network.py`: each
 scenario builds its lab, starts real `swarm-node bootstrap` and `swarm-node run` processes inside the
@@ -32,9 +32,9 @@ from swarm_node.runs.local_swarm import (
     stop_processes,
     write_peer_config,
 )
-from tests.tooling.netlab import Host, NetLab
+from tooling.netlab import Host, NetLab
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SWARM = "netlab"
 
 

@@ -22,7 +22,7 @@ from hivemind.utils.serializer import MSGPackSerializer
 from hivemind.utils.timed_storage import ValueWithExpiration
 
 from swarm_node.swarm import records
-from tests.tooling.fuzzing import FuzzStats, Refused, pick, random_object, random_text, run_case
+from tooling.fuzzing import FuzzStats, Refused, pick, random_object, random_text, run_case
 
 SWARM = "fz"
 

@@ -21,7 +21,7 @@ NAT-to-NAT in 40 s, against exchange within ~20 s on 11.x). The `inet` namespace
 host's network, so no packet to these addresses can leave the lab. Namespaces are separate, so two concurrent runs never see each other's addresses or
 interface names anyway. A lab is removed on every exit path: the context manager, an atexit hook and
 SIGTERM/SIGINT/SIGHUP handlers (re-raised as SystemExit/KeyboardInterrupt so the `with` block unwinds);
-`python -m tests.tooling.netlab clean` removes what a SIGKILLed run left (namespaces whose owner is gone).
+`python -m tooling.netlab clean` removes what a SIGKILLed run left (namespaces whose owner is gone).
 
     with NetLab() as lab:
         pub = lab.public_host("boot")
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     """`check` (can it run here?), `clean` (remove stale labs), `demo` (build one, show it, tear it down)."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m tests.tooling.netlab", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tooling.netlab", description=__doc__.split("\n\n")[0])
     ap.add_argument("action", choices=["check", "clean", "demo"])
     args = ap.parse_args(argv)
     if args.action == "check":
