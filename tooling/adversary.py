@@ -15,6 +15,10 @@ metrics rows; "rewards_overridden" is the row's own count). A few are expected t
 a request that is never read does not hold an upload slot while a whole batch fits the socket buffers
 (tiny models' batches do; tests/test_hostile_transfer.py stalls a 4 MiB blob), and a forged write under
 another peer's subkey is refused by every storer's signature check before our validators see it.
+
+Why one module of ~740 lines: it is the catalogue of attack modes (one short function each, chosen by
+name on the command line) around one process's join-and-follow loop; split by mode, every file would
+repeat that loop's set-up, and a reader looks for "what does mode X send" in one place.
 """
 
 from __future__ import annotations
