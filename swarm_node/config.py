@@ -198,6 +198,11 @@ class SwarmConfig(_Section):
                                   "heartbeat (rounds from the future)")
     buffer_batches: int = Field(16, ge=1, description="peers' batches held between rounds (one per peer; oldest evicted)")
     buffer_bytes: int = Field(256 * 2**20, ge=1024, description="bytes of peers' batches held between rounds")
+    membership: Literal["auto", "full", "sampled"] = Field(
+        "auto", description="how peers find each other: full lists every member under one DHT key (its answers "
+        "grow with the swarm); sampled shards member records over 2^level keys and keeps a bounded view (control "
+        "traffic stays flat as the swarm grows); auto: sampled for GRPO, full for DPO (its topology needs every "
+        "member)")
     heartbeat_s: float = Field(5.0, gt=0.0, description="period of re-pushes and membership reads (the membership "
                                "record itself is re-stored 3 times per record_ttl_s)")
     record_ttl_s: float = Field(60.0, gt=0.0, description="membership / announcement expiry")
