@@ -75,7 +75,7 @@ class _Offer:
 class _Node:
     __slots__ = ("pid", "alive", "nat", "relay", "uplink", "busy_until", "gate", "offers", "conns", "circuits",
                  "view", "level", "last_targets", "latest", "joiner", "joined_at", "first_admit", "heard",
-                 "next_store", "next_read", "rounds", "unreachable", "lp", "viewset")
+                 "next_store", "next_read", "rounds", "unreachable", "lp", "viewset", "greeted")
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -89,6 +89,7 @@ class _Node:
         self.first_admit = None
         self.rounds = 0
         self.unreachable: set[int] = set()
+        self.greeted: set[int] = set()
 
 
 @dataclass
@@ -129,6 +130,7 @@ class World:
         self.rng = random.Random(cfg.seed)
         self.nodes: list[_Node] = []
         self.alive: list[int] = []
+        self.public_alive = 0  # alive peers that serve the DHT
         self._alive_at: dict[int, int] = {}
         self.dht: dict[str, dict[int, tuple[float, int]]] = {}  # key -> pid -> (expires, writer level)
         self.bytes: dict[str, float] = {}
@@ -160,7 +162,7 @@ class World:
 
     def dht_nodes(self) -> int:
         """Nodes that serve the DHT: public peers (NAT'd ones run as clients), plus the bootstrap."""
-        return max(2, sum(1 for i in self.alive if not self.nodes[i].nat) + 1)
+        return max(2, self.public_alive + 1)
 
     def latency(self, relayed: bool) -> float:
         if self.cfg.profile == "localhost":
@@ -188,12 +190,14 @@ class World:
         self.nodes.append(n)
         self._alive_at[n.pid] = len(self.alive)
         self.alive.append(n.pid)
+        self.public_alive += not n.nat
         if joiner:
             self.joiners.append(n)
         return n
 
     def remove_node(self, pid: int) -> None:
         self.nodes[pid].alive = False
+        self.public_alive -= not self.nodes[pid].nat
         i = self._alive_at.pop(pid)
         last = self.alive.pop()
         if last != pid:
@@ -252,6 +256,10 @@ class World:
         self.lookup("dht_member_read", len(members), self.c.entry)
         self.set_full_view(n, [p for p in members if p != n.pid])
         n.next_read = self.env.now + self.full_period(n)
+        fresh = [p for p in n.view if p not in n.greeted]  # view.greet: every listed peer not greeted yet
+        n.greeted.update(fresh)
+        for tid in fresh:
+            self.push(n, tid, "greets")
 
     def sampled_store(self, n: _Node) -> None:
         for key in pol.write_keys(SWARM, str(n.pid), n.level):
@@ -285,9 +293,13 @@ class World:
 
     def targets(self, n: _Node) -> list[int]:
         f = self.cfg.fanout
-        if self.cfg.arm == "full":
-            picks = self.rng.sample(n.view, min(f + len(n.unreachable), len(n.view)))
-            return [p for p in picks if p not in n.unreachable][:f]
+        if self.cfg.arm == "full":  # view.targets: trusted (established) fill F-1, strangers the rest
+            trusted = [p for p in n.gate._passed if n.gate.established(p) and p in n.viewset
+                       and p not in n.unreachable]
+            pool = self.rng.sample(n.view, min(f + len(n.unreachable) + len(trusted), len(n.view)))
+            strangers = [p for p in pool if p not in n.unreachable and not n.gate.established(p)]
+            take = min(len(trusted), f - 1 if strangers and f > 1 else f)
+            return self.rng.sample(trusted, take) + strangers[:f - take]
         n.view.expire(self.env.now)
         return pol.pick_targets(n.view.peers(), lambda p: self.rank(n, p), f, self.rng)
 
@@ -391,7 +403,7 @@ class World:
     def heartbeat(self, n: _Node) -> None:
         now = self.env.now
         n.unreachable.clear()
-        for tid in n.last_targets:  # repush (today: unless a store or read was due; then a greet: as many)
+        for tid in self.targets(n):  # repush to fresh targets (today: a greet's F others when a read was due)
             self.push(n, tid, "repushes")
         if self.cfg.arm == "full":
             if now >= n.next_store:
@@ -415,6 +427,7 @@ class World:
         if self.cfg.arm == "full":
             if warm:
                 self.set_full_view(n, [p for p in self.alive if p != n.pid])
+                n.greeted = set(n.view)  # a running swarm's members greeted each other long ago
                 p = self.full_period(n)
                 phase = self.rng.uniform(0, p)
                 for key in (f"{SWARM}_members", f"{SWARM}_batch"):
