@@ -52,3 +52,15 @@ def test_same_seed_same_result():
     assert a == b
     cfg.seed = 8
     assert simulate(cfg).as_dict() != a
+
+
+def test_measured_costs_override_estimates_and_bad_keys_are_ignored(tmp_path):
+    path = tmp_path / "control_costs.json"
+    path.write_text('{"costs": {"push": 999, "entry": "big", "no_such_cost": 5, "idle_per_conn_s": -1}}')
+    costs, source = load_costs(path)
+    assert costs.push == 999.0 and source["push"] == str(path)
+    assert costs.entry == Costs().entry and source["entry"] == "est."
+    assert costs.idle_per_conn_s == Costs().idle_per_conn_s
+    path.write_text("not json")
+    assert load_costs(path)[0] == Costs()
+    assert load_costs(tmp_path / "absent.json")[0] == Costs()
