@@ -3,7 +3,7 @@ contact-based rejoin tick (swarm/rejoin.py).
 
 The level test simulates whole swarms without a network: every peer writes its record to its shards at
 level-1..level+1 and reads one random shard at its own level (or a probe), exactly as a node's heartbeat does;
-per synchronous round, half of the peers read."""
+per synchronous round, a fraction of the peers read (half, unless a test says otherwise)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def _tops(n: int, rng: random.Random) -> np.ndarray:
     return np.array([int.from_bytes(hashlib.sha256(i.encode()).digest()[:4], "big") for i in ids], dtype=np.uint64)
 
 
-def _simulate(top: np.ndarray, policies: list[S.LevelPolicy], rounds: int, rng: random.Random) -> np.ndarray:
+def _simulate(top: np.ndarray, policies: list[S.LevelPolicy], rounds: int, rng: random.Random,
+              readers: float = 0.5) -> np.ndarray:
     n = len(top)
     for _ in range(rounds):
         levels = np.array([p.level for p in policies])
@@ -35,7 +36,7 @@ def _simulate(top: np.ndarray, policies: list[S.LevelPolicy], rounds: int, rng: 
         for lv in range(S.MAX_LEVEL + 1):
             shard = (top >> np.uint64(32 - lv)) if lv else np.zeros(n, dtype=np.uint64)
             writers[lv] = [np.bincount(shard[levels == lv + d].astype(np.int64), minlength=2**lv) for d in (1, 0, -1)]
-        for i in rng.sample(range(n), n // 2):
+        for i in rng.sample(range(n), max(1, int(n * readers))):
             p = policies[i]
             x = p.read_level(rng)
             s = rng.randrange(2**x)
@@ -72,14 +73,17 @@ def test_levels_converge_at_100k_peers() -> None:
     _converges_then_recovers(100_000, rounds=12)
 
 
-def test_a_swarm_that_all_sits_too_shallow_still_moves_deeper() -> None:
-    """Without the count proviso on the majority rule, the first node to go deeper reads the others as a
-    majority one level up and steps straight back: a 4,000-peer swarm stuck at level 3 stayed there."""
+def test_a_swarm_that_all_sits_too_shallow_moves_deeper_one_node_at_a_time() -> None:
+    """Reads are spread over the heartbeat, so nodes move one by one. Without the count proviso on the majority
+    rule, the first node to go deeper reads the others as a majority one level up and steps straight back:
+    a 4,000-peer swarm started at level 3, 2% of it reading per round, had 0.03% of its peers within one
+    level of log2(N/M) after 300 rounds (median level 6), against 60% with it (median 8, the ideal 9)."""
     rng = random.Random(3)
     n = 4_000
     policies = [S.LevelPolicy(3) for _ in range(n)]
-    levels = _simulate(_tops(n, rng), policies, 30, rng)
-    assert _within_one(levels, n) >= 0.95, np.bincount(levels)
+    levels = _simulate(_tops(n, rng), policies, 300, rng, readers=0.02)
+    assert _within_one(levels, n) >= 0.5, np.bincount(levels)
+    assert abs(float(np.median(levels)) - math.log2(n / S.SHARD_TARGET)) <= 1.0
 
 
 def test_a_partition_two_levels_above_the_swarm_finds_it_by_probing() -> None:

@@ -137,10 +137,11 @@ class _SwarmSchema(pv1.BaseModel):
 def make_validators(swarm_id: str | list[str], private_key: RSAPrivateKey | None = None) -> list:
     """Validators for one or more swarms: signatures (owner-only writes), record shapes under the swarms'
     own keys (which must be signed), the RecordGuard every swarm-node DHT peer applies to any key, and the
-    ShardGuard on the swarms' shard keys. Registers the swarms' shard keys for this process's DHT child (which
-    inherits them when it forks): dht_bounds caps those keys' subkeys."""
+    ShardGuard on the swarms' shard keys. Hashes the swarms' shard keys here, before the DHT child forks, so
+    the child inherits them and its event loop never stalls to build them (dht_bounds caps those keys)."""
     ids = [swarm_id] if isinstance(swarm_id, str) else list(swarm_id)
     register_shard_swarms(ids)
+    shard_key_index()
     return [
         *(SchemaValidator(_SwarmSchema, allow_extra_keys=True, prefix=i) for i in ids),
         RSASignatureValidator(private_key),
@@ -213,7 +214,8 @@ class RecordGuard(RecordValidatorBase):
 #
 # hivemind hands a validator (and the storage) only the key's DHTID, a hash, never the key's name: so the shard
 # keys of the configured swarms are recognised by their hashes, all 2^(MAX_LEVEL+1) - 1 of them, computed once
-# per process on first use (~0.2-0.4 s a swarm) and kept in a dict (~4 MB a swarm).
+# per process (0.4-0.9 s a swarm on a loaded 2-core machine; make_validators does it before the DHT child
+# forks) and kept in a dict (~6 MB a swarm).
 
 _shard_swarms: set[str] = set()
 _shard_index: dict[int, tuple[str, int, int]] = {}  # DHTID (as int) -> (swarm id, level, shard)

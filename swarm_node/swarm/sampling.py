@@ -72,10 +72,11 @@ class LevelPolicy:
          deeper halves the shard, so needs c >= M; a step shallower doubles it, so needs c <= M);
       2. else c > 2M: one deeper;
       3. else c < M/2 and x > 0: one shallower, unless most writers are deeper than x.
-    Why the proviso on rule 1: without it a swarm that all sits one level too shallow never moves, since the
-    first node to go deeper reads the others there as a majority one level up and steps straight back (the
-    same holds, mirrored, after the swarm shrinks). With it, a node follows the writers only where its own
-    shard would still hold M/2..2M entries, so laggards join the consensus and the consensus can still move.
+    Why the proviso on rule 1: without it a swarm that sits too shallow barely moves when its nodes move one
+    at a time (as their reads, spread over the heartbeat, make them): the first node to go deeper reads the
+    others as a majority one level up and steps straight back (tests/test_sampling.py measures it). With it,
+    a node follows the writers only where its own shard would still hold M/2..2M entries, so laggards join
+    the consensus and the consensus can still move.
     Why the proviso on rule 3: a node two levels shallower than every writer reads no one at all, and nothing
     brings it back; a sparse read whose writers sit deeper is noise, not a sign to move further away.
     """
