@@ -22,7 +22,7 @@ from hivemind.utils.serializer import MSGPackSerializer as S
 from hivemind.utils.timed_storage import get_dht_time
 
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import PeerInfo, SwarmPeer, dht_bounds, records
+from swarm_node.swarm import PeerInfo, SwarmPeer, dht_bounds, records, sampling
 from swarm_node.swarm.dht import RefusalTally, record_refusals
 from tooling import dht_flood
 
@@ -97,6 +97,49 @@ def test_storage_bounds_subkeys_per_key_and_in_total() -> None:
     assert len(st) == 7
     assert st.store(DHTID.generate(source="one-too-many"), b"v", exp) is False
     assert records.REFUSALS["storage_full"] >= 1
+
+
+def _member_at(peer_id: str, level: int) -> dict:
+    return {**_member(peer_id), "level": level}
+
+
+def test_shard_keys_take_only_signed_member_records_of_a_peer_in_that_shard(tmp_path, victim) -> None:
+    """Sampled membership's `{swarm}_m{level}_{shard}` keys (ShardGuard): an unsigned record passes RecordGuard
+    under any other key, and an announcement is a valid signed record, but neither belongs in a shard."""
+    key, sub, pid = _identity(tmp_path, "writer")
+    _k2, _s2, honest = _identity(tmp_path, "honest")
+    mine = sampling.shard_key("mine", 2, sampling.shard_of(pid, 2))
+    assert victim.validate(_signed(key, mine, sub, _member_at(pid, 2))) is True
+    assert victim.validate(_signed(key, mine, sub, _member_at(pid, 3))) is True  # a writer one level deeper
+    assert victim.validate(_signed(key, mine, sub, None)) is True  # a withdrawal
+    records.REFUSALS.clear()
+    unsigned = DHTRecord(DHTID.generate(source=mine).to_bytes(), S.dumps(b"peer"), S.dumps(_member_at(pid, 2)),
+                         time.time() + 60)
+    assert victim.validate(unsigned) is False
+    ann = {"peer_id": pid, "updated": time.time(), "blobs": [{"round": 1, "size": 10, "sha256": "0" * 64}]}
+    assert victim.validate(_signed(key, mine, sub, ann)) is False
+    assert victim.validate(_signed(key, mine, sub, _member_at(pid, 4))) is False  # not a level that writes here
+    assert records.REFUSALS["record_shape"] == 2 and records.REFUSALS["record_owner"] == 1
+    level = next(lv for lv in range(4, 15) if sampling.shard_of(pid, lv) != sampling.shard_of(honest, lv))
+    theirs = sampling.shard_key("mine", level, sampling.shard_of(honest, level))
+    assert victim.validate(_signed(key, theirs, sub, _member_at(pid, level))) is False  # not its shard
+    assert victim.validate(_signed(key, theirs, sub, _member_at(honest, level))) is False  # signed by another
+    assert records.REFUSALS["record_owner"] == 3
+    assert victim.validate(_signed(key, "other_m2_0", sub, _member_at(pid, 9))) is True  # not our swarm's shard
+
+
+def test_a_shard_key_holds_48_subkeys_and_still_takes_refreshes() -> None:
+    records.REFUSALS.clear()
+    records.register_shard_swarms(["mine"])
+    st = dht_bounds.BoundedStorage()
+    shard = DHTID.generate(source=sampling.shard_key("mine", 3, 5))
+    exp = get_dht_time() + 60
+    assert all(st.store(shard, b"v", exp, subkey=f"peer{i}".encode()) for i in range(sampling.SHARD_SUBKEYS))
+    assert st.store(shard, b"v", exp, subkey=b"sybil") is False  # the 49th identity
+    assert st.store(shard, b"v2", exp + 1, subkey=b"peer0") is True  # a listed peer refreshes
+    assert records.REFUSALS["subkeys_full"] == 1
+    other = DHTID.generate(source="mine_members")  # other keys keep their cap
+    assert all(st.store(other, b"v", exp, subkey=f"peer{i}".encode()) for i in range(2 * sampling.SHARD_SUBKEYS))
 
 
 class _CountedWalks(dht_bounds.BoundedStorage):

@@ -33,7 +33,8 @@ from hivemind.p2p import P2PContext
 from hivemind.proto import dht_pb2
 
 from swarm_node.swarm import reasons
-from swarm_node.swarm.records import refuse
+from swarm_node.swarm.records import refuse, shard_of_key
+from swarm_node.swarm.sampling import SHARD_SUBKEYS
 
 MAX_SUBKEYS_PER_KEY = 1024  # keeps one key's dictionary far below hivemind's 4 MiB message cap
 MAX_STORED_ENTRIES = 32_768  # records held by one DHT peer: at most ~128 MiB of values
@@ -57,13 +58,16 @@ class BoundedStorage(DHTLocalStorage):
     holds `max_entries`, in O(1) per entry (amortized over the recounts).
 
     Refreshing an entry that is already held is always allowed, so a flood of fake identities cannot evict
-    honest peers already listed; it can only fill the remaining room.
+    honest peers already listed; it can only fill the remaining room. A shard key of sampled membership (known
+    by its DHTID, records.shard_of_key) holds at most `shard_subkeys`, so a reply stays < 250 KB.
     """
 
     def __init__(self, maxsize: int | None = None, *, max_subkeys: int = MAX_SUBKEYS_PER_KEY,
-                 max_entries: int = MAX_STORED_ENTRIES, clock=time.monotonic) -> None:
+                 max_entries: int = MAX_STORED_ENTRIES, clock=time.monotonic,
+                 shard_subkeys: int = SHARD_SUBKEYS) -> None:
         super().__init__(maxsize)
         self.max_subkeys = max_subkeys
+        self.shard_subkeys = shard_subkeys
         self.max_entries = max_entries
         self.clock = clock
         self.counted = 0  # entries added since the last recount, plus what that recount found (>= the truth)
@@ -100,8 +104,10 @@ class BoundedStorage(DHTLocalStorage):
         listed = isinstance(held, DictionaryDHTValue)
         if listed and subkey in held:  # a refresh
             return super().store_subkey(key, subkey, value, expiration_time)
-        if listed and len(held) >= self.max_subkeys:
-            return refuse(reasons.SUBKEYS_FULL, f"a key already holds {self.max_subkeys} subkeys")
+        if listed:
+            cap = min(self.max_subkeys, self.shard_subkeys) if shard_of_key(key) is not None else self.max_subkeys
+            if len(held) >= cap:
+                return refuse(reasons.SUBKEYS_FULL, f"a key already holds {cap} subkeys")
         if not self._room():
             return refuse(reasons.STORAGE_FULL, f"{self.max_entries} records stored")
         stored = super().store_subkey(key, subkey, value, expiration_time)

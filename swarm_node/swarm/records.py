@@ -18,6 +18,7 @@ import multihash
 import pydantic.v1 as pv1
 from cryptography.hazmat.primitives import serialization
 from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.routing import DHTID
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.p2p import PeerID
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from swarm_node.swarm import reasons
 from swarm_node.swarm.ratelimit import RateLimitedLog
+from swarm_node.swarm.sampling import MAX_LEVEL, shard_key, shard_of
 
 KINDS = ("batch", "params")
 """Blob kinds that have an announcement key (rollout batches, DPO parameters)."""
@@ -57,6 +59,7 @@ class MemberRecord(BaseModel):
     updated: float
     arch_fp: str = ""
     client_mode: bool = False
+    level: int = Field(default=0, ge=0, le=MAX_LEVEL)  # the writer's shard level (sampled membership), 0 in full
 
 
 class BlobEntry(BaseModel):
@@ -101,6 +104,7 @@ class _MemberV1(pv1.BaseModel):
     updated: pv1.StrictFloat
     arch_fp: _Str = ""
     client_mode: pv1.StrictBool = False
+    level: pv1.conint(strict=True, ge=0, le=MAX_LEVEL) = 0
 
     class Config:
         extra = pv1.Extra.forbid
@@ -132,12 +136,17 @@ class _SwarmSchema(pv1.BaseModel):
 
 def make_validators(swarm_id: str | list[str], private_key: RSAPrivateKey | None = None) -> list:
     """Validators for one or more swarms: signatures (owner-only writes), record shapes under the swarms'
-    own keys (which must be signed), and the RecordGuard every swarm-node DHT peer applies to any key."""
+    own keys (which must be signed), the RecordGuard every swarm-node DHT peer applies to any key, and the
+    ShardGuard on the swarms' shard keys. Hashes the swarms' shard keys here, before the DHT child forks, so
+    the child inherits them and its event loop never stalls to build them (dht_bounds caps those keys)."""
     ids = [swarm_id] if isinstance(swarm_id, str) else list(swarm_id)
+    register_shard_swarms(ids)
+    shard_key_index()
     return [
         *(SchemaValidator(_SwarmSchema, allow_extra_keys=True, prefix=i) for i in ids),
         RSASignatureValidator(private_key),
         RecordGuard(),
+        ShardGuard(ids),
     ]
 
 
@@ -198,6 +207,78 @@ class RecordGuard(RecordValidatorBase):
             return refuse(reasons.RECORD_SHAPE, "signed value is neither a member record nor an announcement")
         if rec.peer_id != peer_id_of_subkey(subkey):
             return refuse(reasons.RECORD_OWNER, f"record claims peer {rec.peer_id[:16]}, signed by another key")
+        return True
+
+
+# ---- shard keys of sampled membership: `{swarm}_m{level}_{shard}` ----
+#
+# hivemind hands a validator (and the storage) only the key's DHTID, a hash, never the key's name: so the shard
+# keys of the configured swarms are recognised by their hashes, all 2^(MAX_LEVEL+1) - 1 of them, computed once
+# per process (0.4-0.9 s a swarm on a loaded 2-core machine; make_validators does it before the DHT child
+# forks) and kept in a dict (~6 MB a swarm).
+
+_shard_swarms: set[str] = set()
+_shard_index: dict[int, tuple[str, int, int]] = {}  # DHTID (as int) -> (swarm id, level, shard)
+_indexed: set[str] = set()
+
+
+def register_shard_swarms(swarm_ids: list[str] | tuple[str, ...] | set[str]) -> None:
+    """Make the shard keys of these swarms known to ShardGuard and dht_bounds in this process (and any child
+    it forks after this call). Cheap: the hashes are computed on first use."""
+    _shard_swarms.update(swarm_ids)
+
+
+def shard_key_index() -> dict[int, tuple[str, int, int]]:
+    """DHTID (as int) -> (swarm id, level, shard) of every shard key of the registered swarms."""
+    for swarm in _shard_swarms - _indexed:
+        for level in range(MAX_LEVEL + 1):
+            for shard in range(2**level):
+                _shard_index[int(DHTID.generate(source=shard_key(swarm, level, shard)))] = (swarm, level, shard)
+        _indexed.add(swarm)
+    return _shard_index
+
+
+def shard_of_key(key_id: int) -> tuple[str, int, int] | None:
+    """(swarm id, level, shard) if this DHTID is a shard key of a registered swarm, else None."""
+    return shard_key_index().get(int(key_id)) if _shard_swarms else None
+
+
+class ShardGuard(RecordValidatorBase):
+    """Under a shard key of the configured swarms: only signed member records of their signer, whose signer
+    belongs to that shard (`shard_of(peer_id, level)`) and whose recorded level is within one of the key's.
+
+    Why: a shard key holds at most SHARD_SUBKEYS entries (dht_bounds), so unsigned junk or another swarm's
+    records could otherwise fill it; and an attacker must grind RSA keys to place an identity in a given shard
+    (about 2^level key generations each). Runs after RSASignatureValidator, like RecordGuard."""
+
+    def __init__(self, swarm_ids: list[str] | tuple[str, ...]) -> None:
+        self.swarm_ids = tuple(swarm_ids)
+
+    def validate(self, record: DHTRecord) -> bool:
+        register_shard_swarms(self.swarm_ids)  # also in a child that unpickled us instead of forking
+        where = shard_of_key(int.from_bytes(record.key, "big"))
+        if where is None:
+            return True
+        _swarm, level, shard = where
+        try:
+            subkey = MSGPackSerializer.loads(record.subkey)
+            value = MSGPackSerializer.loads(record.value)
+        except Exception:
+            return refuse(reasons.RECORD_SHAPE, "a shard record that is not msgpack")
+        owner = peer_id_of_subkey(subkey)
+        if owner is None:
+            return refuse(reasons.RECORD_SHAPE, "an unsigned record under a shard key")
+        if value is None:
+            return True  # a peer withdrawing its record
+        try:
+            rec = _MemberV1.parse_obj(value)
+        except (pv1.ValidationError, TypeError, ValueError):
+            return refuse(reasons.RECORD_SHAPE, "a shard record that is not a member record")
+        if rec.peer_id != owner:
+            return refuse(reasons.RECORD_OWNER, f"shard record claims peer {rec.peer_id[:16]}, signed by another key")
+        if shard_of(owner, level) != shard or abs(rec.level - level) > 1:
+            return refuse(reasons.RECORD_OWNER, f"peer {owner[:16]} at level {rec.level} does not write to "
+                          f"shard {shard} of level {level}")
         return True
 
 
