@@ -28,8 +28,9 @@ INFO = PeerInfo(mode="grpo", model_name="tiny-s", tokenizer_fp="tok1", task_id="
 
 
 def _cfg(**kw) -> SwarmConfig:
+    """Full membership unless a test says otherwise (most tests here are about its one-key records)."""
     base = dict(enabled=True, host_maddrs=LOOPBACK, heartbeat_s=1.0, record_ttl_s=30.0, bootstrap_retries=1,
-                bootstrap_timeout_s=5.0)
+                bootstrap_timeout_s=5.0, membership="full")
     return SwarmConfig(**{**base, **kw})
 
 

@@ -9,6 +9,7 @@ per-round `fetch`.
 The parts, each with its own contract in its docstring:
     supervisor.DHTSupervisor   the DHT child: identity, calls into it, P2P replica, restarts
     membership.Membership      our signed records in the DHT and reading everyone's, on a schedule
+    shards.ShardedMembership   or (swarm.membership: sampled) our record in a few shard keys, random shard reads
     view.PeerView              whom we push to, and the pushes
     receiver.BatchReceiver     announcements in, downloads, validation, the round's take; DPO's fetch
     blobs.BlobStore            what we serve
@@ -39,6 +40,7 @@ from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.swarm.receiver import BatchReceiver, Rank, RoundIntake, Validator
 from swarm_node.swarm.records import KINDS, MAX_ANNOUNCED_ROUNDS, MemberRecord
 from swarm_node.swarm.rejoin import RejoinPolicy
+from swarm_node.swarm.shards import ShardedMembership, membership_kind
 from swarm_node.swarm.supervisor import DHTSupervisor
 from swarm_node.swarm.view import Accept, PeerView
 
@@ -86,9 +88,13 @@ class SwarmPeer:
             announce.HANDLER: announce.make_handler(lambda *a: self.receiver.on_announcement(*a)),
         }
         self.dht = DHTSupervisor(cfg, self.loop, handlers, self.log)
-        self.membership = Membership(cfg, info, self.dht, self.counters, self.log)
+        self.membership_kind = membership_kind(cfg.membership, info.mode)
+        self.sampled = self.membership_kind == "sampled"
+        self.membership: Membership | ShardedMembership = (
+            ShardedMembership(cfg, info, self.dht, self.counters, self.log) if self.sampled
+            else Membership(cfg, info, self.dht, self.counters, self.log))
         self.view = PeerView(cfg, info.mode, accept, lambda: self.dht.p2p, self.loop, self.counters, self.log,
-                             rank=rank)
+                             rank=rank, sampled=self.sampled)
         self.receiver = BatchReceiver(cfg, validate, view=self.view, membership=self.membership, dht=self.dht,
                                       loop=self.loop, counters=self.counters, keep=self.blobs.keep, log=self.log,
                                       batch_cap=batch_cap, params_cap=params_cap, rank=rank)
@@ -98,6 +104,8 @@ class SwarmPeer:
         self._closed = False
         self._keep_view_until = 0.0  # after a DHT restart: member reads may add peers, not forget them
         self.rejoin_policy = RejoinPolicy()  # when a peer alone in its member reads pings the peers it knows
+        self._last_beat = time.monotonic()  # sampled membership: contact since the last heartbeat
+        self._listed_others = False  # sampled membership: a read since the last heartbeat listed another peer
         self._hints = RateLimitedLog(self.log, burst=1, period_s=UNREACHABLE_HINT_EVERY_S)
 
     @property
@@ -269,9 +277,29 @@ class SwarmPeer:
             full = self.membership.full_read_due(now)
             self._refresh_view(latest=full, beam_size=STORE_BEAM if full else None)
             self.membership.read_done(now, len(self.view), full=full)
-            self._rejoin_if_alone(now)
+            if not self.sampled:
+                self._rejoin_if_alone(now)
         else:
             self.view.repush()
+        if self.sampled:
+            self._note_contact(now)
+            self._rejoin_if_alone(now)
+
+    def _note_contact(self, now: float) -> None:
+        """Sampled membership: tell the rejoin policy whether this heartbeat had contact with the swarm (a read
+        listed another peer, or a push got through either way since the last beat); reads alone come only
+        every other beat and list a random shard, which may hold only us."""
+        since = self._last_beat
+        pushed = self.view.last_contact >= since
+        heard = bool(self.intake.heard_since(time.time() - (now - since)))
+        contact = self._listed_others or pushed or heard
+        tick = getattr(self.rejoin_policy, "contact", None)  # piece A's contact(bool); read() until it lands
+        if tick is not None:
+            tick(contact)
+        else:
+            self.rejoin_policy.read(others_listed=contact)
+        self._listed_others = False
+        self._last_beat = now
 
     def _rejoin_if_alone(self, now: float) -> None:
         """Ping the peers we know (initial and last connected) when the rejoin policy says so (rejoin.py)."""
@@ -291,13 +319,16 @@ class SwarmPeer:
         TTL are forgotten; one copy may lack peers that are still there (membership.py says why).
         """
         members = self.membership.read_members(latest=latest, beam_size=beam_size)
-        self.rejoin_policy.read(others_listed=bool(set(members) - {self.peer_id}))
+        if self.sampled:
+            self._listed_others |= bool(set(members) - {self.peer_id})
+        else:
+            self.rejoin_policy.read(others_listed=bool(set(members) - {self.peer_id}))
         if not members and self.dht.child is None:
             return
         heard = self.intake.heard_since(time.time() - self.cfg.record_ttl_s)
         if time.monotonic() < self._keep_view_until:
             heard |= {m.peer_id for m in self.view.others()}
-        gone = self.view.update(members, heard, forget=latest)
+        gone = self.view.update(members, heard, forget=latest and not self.sampled)
         for pid, m in members.items():
             if pid != self.peer_id:
                 self.intake.note_member(pid, m.round)
