@@ -420,3 +420,23 @@ def quiet_read(dht_call, key: str) -> tuple[dict | None, int]:
     """One replica's copy of `key`'s dictionary, in `DHT.get`'s value shape, and its size in bytes; None if
     no replica answered (`dht_call`: DHTSupervisor.call)."""
     return dht_call("run_coroutine", functools.partial(_quiet_read, key))
+
+
+SIZE_SAMPLE = 20  # neighbours whose spread gives the size estimate (hivemind's bucket size)
+
+
+async def _size_estimate(_dht, node) -> float:
+    """In the DHT child: the DHT's size from our own routing table, free of network calls: k nodes within XOR
+    distance d of us among ids spread uniformly over 2^160 means about k * 2^160 / d nodes in all (fewer
+    than k known: every node is known)."""
+    near = node.protocol.routing_table.get_nearest_neighbors(node.node_id, SIZE_SAMPLE, exclude=node.node_id)
+    if len(near) < SIZE_SAMPLE:
+        return float(len(near) + 1)
+    farthest = max(node.node_id.xor_distance(node_id) for node_id, _peer in near)
+    return SIZE_SAMPLE * float(DHTID.MAX) / max(farthest, 1)
+
+
+def dht_size_estimate(dht_call) -> float:
+    """About how many nodes the DHT has (all swarms sharing it, bootstraps included), from our routing table
+    (`dht_call`: DHTSupervisor.call): a joiner's first guess at its shard level."""
+    return dht_call("run_coroutine", _size_estimate)

@@ -134,6 +134,8 @@ class SwarmPeer:
             self.close()
             raise
         self.view.peer_id = self.dht.peer_id
+        if self.sampled:
+            self.membership.guess_level()
         self.log.info("joined swarm %r as %s in %.1fs", self.cfg.swarm_id, self.peer_id, time.monotonic() - t0)
         self._heartbeat()
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name=HEARTBEAT_THREAD, daemon=True)

@@ -21,7 +21,7 @@ from swarm_node.config import SwarmConfig
 from swarm_node.swarm import reasons, sampling
 from swarm_node.swarm.blobs import BlobStore
 from swarm_node.swarm.counters import SwarmCounters
-from swarm_node.swarm.dht import quiet_read, quiet_store
+from swarm_node.swarm.dht import dht_size_estimate, quiet_read, quiet_store
 from swarm_node.swarm.records import KINDS, Announcement, BlobEntry, MemberRecord, blobs_key, parse_signed
 from swarm_node.swarm.supervisor import DHTSupervisor
 
@@ -85,6 +85,18 @@ class ShardedMembership:
         self._written: set[str] = set()  # shard keys our record went to (withdraw clears them)
         self._members_read: tuple[float, dict[str, MemberRecord]] = (float("-inf"), {})
         self._known: dict[str, MemberRecord] = {}  # records from recent reads, newest last (bounded)
+
+    def guess_level(self) -> None:
+        """A joiner's first level, from the DHT's size as our routing table sees it (sampling.initial_level);
+        later reads correct it. Kept at level 0 while initial_level is not there (piece A)."""
+        try:
+            level = sampling.initial_level(dht_size_estimate(self.dht.call))
+        except NotImplementedError:  # FALLBACK, REMOVE AT MERGE (piece A's initial_level)
+            return
+        except Exception as exc:
+            self.log.debug("estimating the DHT's size: %s", exc)
+            return
+        self.policy.level = int(level)
 
     @property
     def level(self) -> int:
