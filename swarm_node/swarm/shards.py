@@ -45,7 +45,7 @@ class _StayAtLevel:
     def __init__(self, level: int = 0) -> None:
         self.level = level
 
-    def observe(self, entries: int, writer_levels) -> int:
+    def observe(self, entries: int, writer_levels, read_level: int | None = None) -> int:
         return self.level
 
 
@@ -191,7 +191,9 @@ class ShardedMembership:
         """The signed records of one random shard at our level (one replica's copy); then the level policy
         sees how many there were and at which levels their writers are. `latest`/`beam_size` are full
         membership's and ignored. A read that fails answers with the last that worked, for up to a TTL."""
-        key = sampling.random_read_key(self.cfg.swarm_id, self.level, self.rng)
+        # our level, or now and then a probe deeper (LevelPolicy.read_level: a group drifted shallow finds the rest)
+        read_level = getattr(self.policy, "read_level", lambda _rng: self.level)(self.rng)
+        key = sampling.random_read_key(self.cfg.swarm_id, read_level, self.rng)
         try:
             value, size = quiet_read(self.dht.call, key)
         except Exception as exc:
@@ -206,7 +208,11 @@ class ShardedMembership:
         for owner, detail, once in problems:
             self.counters.reject(reasons.BAD_RECORD, owner, f"{key}: {detail}", once=(key, *once))
         others = [m for pid, m in found.items() if pid != self.dht.peer_id]
-        self.policy.observe(len(found), [int(getattr(m, "level", self.level)) for m in others])
+        levels = [int(getattr(m, "level", self.level)) for m in others]
+        if read_level == self.level:
+            self.policy.observe(len(found), levels)
+        else:
+            self.policy.observe(len(found), levels, read_level=read_level)
         for pid, m in found.items():
             self._known.pop(pid, None)
             self._known[pid] = m
