@@ -67,7 +67,7 @@ class SwarmPeer:
     batch within its receive limits can be, grpo/limits.py); None: `swarm.max_batch_bytes`. `params_cap`:
     the largest DPO parameter payload we fetch or publish (a DPO node: `dpo.max_payload_bytes`); None:
     `swarm.max_batch_bytes`. `rank(peer_id)`: 0 for a peer we trust (a GRPO node: an identity its
-    newcomer gate has established), higher for strangers (receiver.Rank). It orders the waits for download
+    newcomer gate has established), 1 for one warming up, 2 for a stranger (receiver.Rank). It orders the waits for download
     slots (strangers share at most half of them) and picks whom we push to (trusted peers first, one place
     kept for strangers); None: everyone alike.
     """
@@ -310,8 +310,13 @@ class SwarmPeer:
         answered = self.dht.rejoin()
         if answered:
             self.counters.add("rejoins")
-            self.log.info("no peer listed in %d member reads: %d known peer(s) answered a ping; rejoining",
-                          self.rejoin_policy.alone_reads, answered)
+            if self.sampled:  # (tooling/net_scenarios.py looks for the line's end)
+                quiet = getattr(self.rejoin_policy, "quiet_beats", self.rejoin_policy.alone_reads)
+                self.log.info("no contact with a peer for %d heartbeats: %d known peer(s) answered a ping; "
+                              "rejoining", quiet, answered)
+            else:
+                self.log.info("no peer listed in %d member reads: %d known peer(s) answered a ping; rejoining",
+                              self.rejoin_policy.alone_reads, answered)
 
     def _refresh_view(self, latest: bool = True, beam_size: int | None = None) -> None:
         """Membership read: who we may push to, and what round each peer has signed.
