@@ -225,11 +225,13 @@ def test_whom_we_download_from(tok):
 
 def test_the_download_rank_puts_established_peers_first(tok):
     """The rank a GRPO node gives the swarm for its download slots (SwarmPeer(rank=...)): a stranger is 1
-    until its batches passed every check in established_after rounds, then 0; a peer that only announced
-    (its download never delivered) stays 1."""
+    until its batches passed every check in one round, then 1 (warming), and 0 once they passed in
+    established_after rounds; a peer that only announced (its download never delivered) stays 2."""
     adm = _admission(tok, task)
     limits = receive_limits(_cfg())
-    assert adm.download_rank("honest") == 1 and adm.download_rank("staller") == 1
+    assert adm.download_rank("honest") == 2 and adm.download_rank("staller") == 2
     for r in range(adm.newcomers.established_after):
         adm.admit([_received("honest", _payload(_rollouts(tok, task, seed=20 + r), tok, task), limits)], ROUND + r)
-    assert adm.download_rank("honest") == 0 and adm.download_rank("staller") == 1
+        if r + 1 < adm.newcomers.established_after:
+            assert adm.download_rank("honest") == 1
+    assert adm.download_rank("honest") == 0 and adm.download_rank("staller") == 2

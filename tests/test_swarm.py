@@ -28,8 +28,9 @@ INFO = PeerInfo(mode="grpo", model_name="tiny-s", tokenizer_fp="tok1", task_id="
 
 
 def _cfg(**kw) -> SwarmConfig:
+    """Full membership unless a test says otherwise (most tests here are about its one-key records)."""
     base = dict(enabled=True, host_maddrs=LOOPBACK, heartbeat_s=1.0, record_ttl_s=30.0, bootstrap_retries=1,
-                bootstrap_timeout_s=5.0)
+                bootstrap_timeout_s=5.0, membership="full")
     return SwarmConfig(**{**base, **kw})
 
 
@@ -400,9 +401,9 @@ NODE_SCRIPT = r"""
 import hashlib, json, os, sys
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import PeerInfo, SwarmPeer, keep_raw
-idx, boot, ident = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+idx, boot, ident, membership = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 cfg = SwarmConfig(enabled=True, swarm_id="t", initial_peers=[boot], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-                  identity_path=ident, heartbeat_s=1.0)
+                  identity_path=ident, heartbeat_s=1.0, membership=membership)
 node = SwarmPeer(cfg, PeerInfo("grpo", f"m{idx}", "tok", "arith"), validate=keep_raw).start()
 payload = os.urandom(3 * 2**20 if idx == 0 else 200_000 + idx)
 node.set_round(1)
@@ -417,7 +418,8 @@ node.close()
 
 
 @pytest.mark.slow
-def test_three_nodes_exchange_through_cli_bootstrap(tmp_path):
+@pytest.mark.parametrize("membership", ["full", "sampled"])
+def test_three_nodes_exchange_through_cli_bootstrap(tmp_path, membership):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     boot = subprocess.Popen(
         [sys.executable, "-m", "swarm_node.cli", "bootstrap", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
@@ -429,7 +431,8 @@ def test_three_nodes_exchange_through_cli_bootstrap(tmp_path):
         maddr = boot.stdout.readline().strip()
         assert "/p2p/" in maddr, maddr
         t0 = time.monotonic()
-        nodes = [subprocess.Popen([sys.executable, "-c", NODE_SCRIPT, str(i), maddr, str(tmp_path / f"n{i}.key")],
+        nodes = [subprocess.Popen([sys.executable, "-c", NODE_SCRIPT, str(i), maddr, str(tmp_path / f"n{i}.key"),
+                                   membership],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for i in range(3)]
         ready = [json.loads(n.stdout.readline()) for n in nodes]
         join_s = time.monotonic() - t0
@@ -444,6 +447,10 @@ def test_three_nodes_exchange_through_cli_bootstrap(tmp_path):
             expected = {p: s for p, s in shas.items() if p != me["peer_id"]}
             assert res["got"] == expected, res
             assert res["stats"]["rejected"] == {}
+        print(f"\n3 nodes ({membership}) ready (incl. interpreter start) in {join_s:.1f}s; all-to-all exchange in "
+              f"{exchange_s:.2f}s")
+        if membership == "sampled":
+            return  # `status` reads the full member key; sampled mode's status is piece A's (issue 41)
         status = subprocess.run(
             [sys.executable, "-m", "swarm_node.cli", "status", "--initial-peers", maddr, "--swarm", "t", "--json"],
             capture_output=True, text=True, timeout=60, env=env,
@@ -451,7 +458,6 @@ def test_three_nodes_exchange_through_cli_bootstrap(tmp_path):
         assert status.returncode == 0, status.stderr
         listed = {m["peer_id"] for m in json.loads(status.stdout)}
         assert listed == set(shas)
-        print(f"\n3 nodes ready (incl. interpreter start) in {join_s:.1f}s; all-to-all exchange in {exchange_s:.2f}s")
     finally:
         for n in nodes:
             if n.poll() is None:
@@ -464,3 +470,117 @@ def test_three_nodes_exchange_through_cli_bootstrap(tmp_path):
                 n.kill()
         boot.send_signal(signal.SIGINT)
         assert boot.wait(20) == 0
+
+
+# ---- sampled membership (swarm.membership: sampled): shard keys, quiet DHT operations ----
+
+
+async def _count_found_values(_dht, node) -> bool:
+    """In a DHT child: count the dictionary entries (and their bytes) that this node's find RPCs bring back,
+    whoever makes them (hivemind's own get/store lookups, or the quiet operations)."""
+    protocol = node.protocol
+    if getattr(protocol, "found_values", None) is None:
+        protocol.found_values = [0, 0]
+        real = protocol.call_find
+
+        async def counting(peer, keys):
+            out = await real(peer, keys)
+            for found, _nearest in (out or {}).values():
+                if found is not None and hasattr(found.value, "items"):
+                    for subkey, (value, _exp) in found.value.items():
+                        protocol.found_values[0] += 1
+                        protocol.found_values[1] += len(DHTProtocol.serializer.dumps(subkey)) + len(value)
+            return out
+
+        protocol.call_find = counting
+    return True
+
+
+async def _found_values(_dht, node) -> tuple[int, int]:
+    return tuple(node.protocol.found_values)
+
+
+async def _node_id(_dht, node) -> int:
+    return int(node.node_id)
+
+
+def _found_since(node: SwarmPeer, before: tuple[int, int]) -> tuple[int, int]:
+    now = node.dht.child.run_coroutine(_found_values)
+    return now[0] - before[0], now[1] - before[1]
+
+
+@pytest.mark.slow
+def test_quiet_operations_fetch_no_dictionary(tmp_path):
+    """Three DHT nodes hold one key with three signed member records. A quiet store fetches no entry at
+    all and a quiet read fetches exactly one replica's copy (3 entries), where hivemind's own store and
+    get of the same key bring back whole copies from the holders their lookups visit (the full membership
+    key's O(swarm) term)."""
+    from swarm_node.swarm.dht import dht_size_estimate, quiet_read, quiet_store
+
+    quiet = dict(heartbeat_s=3600.0, membership="sampled")  # no heartbeat after start's first: only our calls
+    a = SwarmPeer(_cfg(**quiet), INFO, validate=keep_raw).start()
+    others = [SwarmPeer(_cfg(initial_peers=a.visible_maddrs(), **quiet), INFO, validate=keep_raw).start()
+              for _ in range(2)]
+    nodes = [a, *others]
+    try:
+        ids = {n.peer_id: n.dht.child.run_coroutine(_node_id) for n in nodes}
+        assert _wait(lambda: all(dht_size_estimate(n.dht.call) == 3.0 for n in nodes))  # each knows the 2 others
+        # a key whose nearest replica is not `a`, so a's read goes over the network (a holds a copy too)
+        key = next(k for k in (f"sw_quiet_{i}" for i in range(64))
+                   if min(ids, key=lambda p: ids[p] ^ int(DHTID.generate(source=k))) != a.peer_id)
+        exp = time.time() + 60
+        for n in nodes:
+            assert quiet_store(n.dht.call, key, n.dht.subkey, _member(n.peer_id), exp) == 3
+        for n in nodes:
+            assert n.dht.child.run_coroutine(_count_found_values)
+        before = a.dht.child.run_coroutine(_found_values)
+        # (a replica keeps an entry with a later expiration than the one it holds: later and later here)
+        assert quiet_store(a.dht.call, key, a.dht.subkey, _member(a.peer_id, round=1), exp + 1) == 3
+        assert _found_since(a, before) == (0, 0)  # the store's lookup brought back no entry
+
+        before = a.dht.child.run_coroutine(_found_values)
+        value, size = quiet_read(a.dht.call, key)
+        found, problems = records.parse_signed(value, MemberRecord)
+        assert set(found) == set(ids) and problems == [] and found[a.peer_id].round == 1
+        assert _found_since(a, before) == (3, size) and size > 0  # one copy, counted as the read says
+
+        before = a.dht.child.run_coroutine(_found_values)
+        assert a.dht.call("store", key, _member(a.peer_id, round=2), exp + 2, subkey=a.dht.subkey, beam_size=4)
+        hauled_by_store = _found_since(a, before)
+        before = a.dht.child.run_coroutine(_found_values)
+        assert a.dht.call("get", key, latest=True) is not None
+        hauled_by_get = _found_since(a, before)
+        print(f"\nentries, bytes fetched: quiet store (0, 0), quiet read (3, {size}), "
+              f"store {hauled_by_store}, get {hauled_by_get}")
+        assert hauled_by_store[0] >= 3 and hauled_by_get[0] >= 3  # whole copies (3 entries each)
+    finally:
+        for n in reversed(nodes):
+            n.close()
+
+
+@pytest.mark.slow
+def test_sampled_nodes_find_each_other_and_exchange_batches(tmp_path):
+    """Three nodes in sampled mode: each learns the others from its shard reads alone (nothing under the
+    full member key, no batch DHT record), and takes both others' batches."""
+    from swarm_node.swarm.shards import ShardedMembership
+
+    a = SwarmPeer(_cfg(membership="sampled"), INFO, validate=keep_raw).start()
+    others = [SwarmPeer(_cfg(membership="sampled", initial_peers=a.visible_maddrs()), INFO, validate=keep_raw).start()
+              for _ in range(2)]
+    nodes = [a, *others]
+    try:
+        assert all(isinstance(n.membership, ShardedMembership) for n in nodes)
+        assert _wait(lambda: all(len(n.view) == 2 for n in nodes)), [len(n.view) for n in nodes]
+        assert {m.peer_id for m in a.live_peers()} == {n.peer_id for n in nodes}
+        for r, n in enumerate(nodes):
+            n.publish("batch", 0, bytes([r]) * 3000)
+        for n in nodes:
+            got = n.receive(2, lockstep=True, round=0, staleness=0, deadline_s=10).batches
+            assert sorted(b.peer_id for b in got) == sorted(m.peer_id for m in nodes if m is not n)
+        assert a.dht.call("get", records.members_key(a.cfg.swarm_id), latest=True) is None
+        assert a.dht.call("get", records.blobs_key(a.cfg.swarm_id, "batch"), latest=True) is None
+        assert all(n.membership.level == 0 for n in nodes)
+        assert a.stats()["control_bytes_in"] > 0
+    finally:
+        for n in reversed(nodes):
+            n.close()

@@ -326,7 +326,8 @@ def test_a_member_read_while_the_dht_is_down_answers_with_the_last_one(monkeypat
     pid = records.peer_id_of_subkey(subkey)
     rec = dict(peer_id=pid, mode="dpo", model_name="m", tokenizer_fp="tok", task_id="t", round=3,
                updated=time.time(), arch_fp="", client_mode=False)
-    node = SwarmPeer(SwarmConfig(enabled=True, record_ttl_s=20.0), INFO, validate=keep_raw)  # never started
+    node = SwarmPeer(SwarmConfig(enabled=True, record_ttl_s=20.0, membership="full"), INFO,
+                     validate=keep_raw)  # never started
     node.dht.peer_id = "me"
     dht = {"value": {subkey: types.SimpleNamespace(value=rec)}, "down": False}
 
@@ -345,3 +346,81 @@ def test_a_member_read_while_the_dht_is_down_answers_with_the_last_one(monkeypat
     assert node.membership.read_members() == {}
     dht["down"], dht["value"] = False, {}
     assert node.membership.read_members() == {}
+
+
+# ---- sampled membership (swarm.membership: sampled) ----
+
+
+def test_auto_membership_is_sampled_for_grpo_and_full_for_dpo() -> None:
+    from swarm_node.swarm.membership import Membership
+    from swarm_node.swarm.shards import ShardedMembership, membership_kind
+
+    assert membership_kind("auto", "grpo") == "sampled" and membership_kind("auto", "dpo") == "full"
+    assert membership_kind("full", "grpo") == "full" and membership_kind("sampled", "dpo") == "sampled"
+    assert isinstance(SwarmPeer(SwarmConfig(enabled=True), INFO, validate=keep_raw).membership, ShardedMembership)
+    full = SwarmPeer(SwarmConfig(enabled=True, membership="full"), INFO, validate=keep_raw)
+    assert isinstance(full.membership, Membership) and full.view.book is None
+
+
+def _sampled_view(rank, ttl_s: float = 60.0):
+    from swarm_node.swarm.loop import LoopThread
+    from swarm_node.swarm.view import PeerView
+
+    return PeerView(SwarmConfig(enabled=True, membership="sampled", record_ttl_s=ttl_s), "grpo", None, lambda: None,
+                    LoopThread(), SwarmCounters(logging.getLogger("t")), logging.getLogger("t"), rank=rank,
+                    sampled=True)
+
+
+def _grpo_member(pid: str, updated: float | None = None):
+    from swarm_node.swarm.records import MemberRecord
+
+    return MemberRecord(peer_id=pid, mode="grpo", model_name="m", tokenizer_fp="tok", task_id="t", round=1,
+                        updated=time.time() if updated is None else updated)
+
+
+def test_a_sampled_view_is_bounded_and_keeps_its_established_peers() -> None:
+    """Full membership's view holds up to 4,096 peers; a sampled one VIEW_SIZE, and a flood of fresh
+    identities (pushers or records read) evicts strangers only, never a peer the gate established; pushes
+    go to established peers first."""
+    from swarm_node.swarm.sampling import VIEW_SIZE
+
+    established = {f"honest{i}" for i in range(4)}
+    v = _sampled_view(lambda pid: 0 if pid in established else 2)
+    for pid in sorted(established):
+        v.heard_from(pid, _grpo_member(pid))
+    for i in range(200):
+        v.heard_from(f"sybil{i}", _grpo_member(f"sybil{i}"))
+    assert len(v) <= VIEW_SIZE and len(v.book) == len(v)
+    v.update({f"read{i}": _grpo_member(f"read{i}") for i in range(50)}, set())
+    assert len(v) <= VIEW_SIZE and len(v.book) == len(v)
+    assert established <= {m.peer_id for m in v.others()}
+    for _ in range(20):
+        assert established & set(v.targets(4))
+
+
+def test_a_sampled_view_forgets_a_silent_peer_after_a_ttl_and_keeps_one_it_talks_with(monkeypatch) -> None:
+    """Nothing is forgotten on a read any more: a peer leaves when its record is a TTL old and no push went
+    either way within a TTL."""
+    v = _sampled_view(lambda pid: 2, ttl_s=60.0)
+    now = time.time()
+    v.update({"silent": _grpo_member("silent", now), "talker": _grpo_member("talker", now)}, set())
+    assert {m.peer_id for m in v.others()} == {"silent", "talker"}
+    monkeypatch.setattr(time, "time", lambda: now + 50.0)
+    v.heard_from("talker", _grpo_member("talker", now))  # it pushed to us (its record itself is old)
+    assert v.update({}, set()) == []  # a read that lists nobody forgets nobody
+    monkeypatch.setattr(time, "time", lambda: now + 90.0)
+    assert v.update({}, set()) == ["silent"]
+    assert {m.peer_id for m in v.others()} == {"talker"}
+
+
+def test_a_sampled_node_without_contact_for_three_beats_pings_the_peers_it_knows() -> None:
+    """A random shard may hold only us, so sampled mode asks for no read that lists a peer: it counts the
+    heartbeats without any contact (a read that listed a peer, or a push that got through either way)."""
+    node = SwarmPeer(SwarmConfig(enabled=True, membership="sampled"), INFO, validate=keep_raw)  # never started
+    now = time.monotonic()
+    for beat in range(1, 4):
+        node._note_contact(now + beat)
+    assert node.rejoin_policy.due(now + 3)
+    node.view.last_contact = now + 3.5  # a push of ours got through
+    node._note_contact(now + 4)
+    assert not node.rejoin_policy.due(now + 100)

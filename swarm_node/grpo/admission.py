@@ -118,10 +118,14 @@ class Admission:
         return m.mode == "grpo" and m.task_id == self.expect.task_id and m.tokenizer_fp == self.expect.tokenizer_fp
 
     def download_rank(self, peer_id: str) -> int:
-        """The swarm's rank of a peer for download slots (`SwarmPeer(rank=...)`, called on the event-loop
-        thread): 0 for an identity the newcomer gate has established, 1 for a stranger, so identities that
-        announce and never deliver queue behind the peers that have delivered. It only reads the gate."""
-        return 0 if self.newcomers.established(peer_id) else 1
+        """The swarm's rank of a peer (`SwarmPeer(rank=...)`, called on the event-loop and heartbeat threads):
+        0 for an identity the newcomer gate has established, 1 for one warming up (its batch passed in at
+        least one round), 2 for a stranger. Download slots treat every rank above 0 as a stranger, so
+        identities that announce and never deliver queue behind the peers that have delivered; sampled
+        membership pushes to lower ranks first (swarm.sampling.pick_targets). It only reads the gate."""
+        if self.newcomers.established(peer_id):
+            return 0
+        return 1 if self.newcomers.rounds_passed(peer_id) else 2
 
     def choose(self, offers: list, k: int) -> list[int]:
         """Which of the buffered offers a round takes (the newcomer gate's share), for `SwarmPeer.receive`."""

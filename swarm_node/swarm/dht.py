@@ -1,8 +1,10 @@
-"""Starting or joining a hivemind DHT: identity files, retries with a clear error, orphan cleanup."""
+"""Starting or joining a hivemind DHT: identity files, retries with a clear error, orphan cleanup; quiet stores
+and reads of one key (sampled membership), which never fetch the key's whole dictionary."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import os
@@ -13,6 +15,8 @@ import time
 from pathlib import Path
 
 import hivemind
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord
 from hivemind.proto import crypto_pb2
 from hivemind.utils.crypto import RSAPrivateKey
 from hivemind.utils.multiaddr import Multiaddr
@@ -321,3 +325,118 @@ class RefusalTally:
         out = {r: n - self._seen.get(r, 0) for r, n in totals.items() if n > self._seen.get(r, 0)}
         self._seen = dict(totals)
         return out
+
+
+# ---- quiet operations: a store or read of one key that never hauls the key's whole dictionary ----
+#
+# hivemind's `store` and `get` look the key itself up, and every node on the way that holds the key answers
+# with its whole dictionary (for a shared key, one record per peer: O(swarm) bytes per lookup). A lookup of
+# the neighbouring id key ^ 1 meets the same nodes in the same XOR order, but no node holds that id, so the
+# lookup's replies carry node ids only; the replicas found are then asked directly.
+
+QUIET_BEAM = 4  # beam of the lookup before a quiet store or read (as membership.STORE_BEAM, for the same reason)
+
+
+async def _replicas_of(node, key_id: DHTID) -> dict:
+    """In the DHT child: the DHT_REPLICAS nodes nearest `key_id` (ourselves included), nearest first, from a
+    lookup of key_id ^ 1 (no holder answers it with a value)."""
+    near = DHTID(int(key_id) ^ 1)
+    found = await node.find_nearest_nodes([near], k_nearest=DHT_REPLICAS, beam_size=QUIET_BEAM)
+    return dict(sorted(found[near].items(), key=lambda item: key_id.xor_distance(item[0])))
+
+
+async def _quiet_store(key: str, subkey, value, expiration: float, _dht, node) -> int:
+    """In the DHT child: sign one (key, subkey, value) record and store it on the key's replicas -> how many
+    took it."""
+    key_id = DHTID.generate(source=key)
+    replicas = await _replicas_of(node, key_id)
+    protocol = node.protocol
+    record = DHTRecord(key_id.to_bytes(), protocol.serializer.dumps(subkey), protocol.serializer.dumps(value),
+                       expiration)
+    validator = protocol.record_validator
+    if validator is not None:
+        record = dataclasses.replace(record, value=validator.sign_value(record))
+
+    async def store_on(node_id: DHTID, peer_id) -> bool:
+        if node_id == node.node_id:
+            if validator is not None and not validator.validate(record):
+                return False
+            return bool(protocol.storage.store(key_id, record.value, expiration, subkey=subkey))
+        ok = await protocol.call_store(peer_id, [key_id], [record.value], expiration, subkeys=[subkey])
+        return bool(ok and ok[0])
+
+    done = await asyncio.gather(*(store_on(n, p) for n, p in replicas.items()), return_exceptions=True)
+    return sum(r is True for r in done)
+
+
+async def _quiet_read(key: str, _dht, node) -> tuple[dict | None, int]:
+    """In the DHT child: one replica's copy of `key`'s dictionary, nearest replica first (the next one if a
+    replica does not answer or holds nothing) -> ({subkey: ValueWithExpiration(value, expiration)} with
+    signatures stripped, or None if no replica answered; bytes of the entries received)."""
+    from hivemind.utils.timed_storage import ValueWithExpiration, get_dht_time
+
+    key_id = DHTID.generate(source=key)
+    protocol = node.protocol
+    answered = False
+    for node_id, peer_id in (await _replicas_of(node, key_id)).items():
+        if node_id == node.node_id:
+            found = protocol.storage.get(key_id)
+        else:
+            reply = await protocol.call_find(peer_id, [key_id])
+            if reply is None:
+                continue
+            found = reply[key_id][0]
+        answered = True
+        value = found.value if found is not None else None
+        if not hasattr(value, "freeze"):  # nothing here, or a plain value (not a member dictionary)
+            continue
+        out: dict = {}
+        size = 0
+        now = get_dht_time()
+        with value.freeze():
+            for subkey, (value_bytes, expiration) in value.items():
+                subkey_bytes = protocol.serializer.dumps(subkey)
+                size += len(subkey_bytes) + len(value_bytes)
+                if expiration < now:
+                    continue
+                if protocol.record_validator is not None:
+                    value_bytes = protocol.record_validator.strip_value(
+                        DHTRecord(key_id.to_bytes(), subkey_bytes, value_bytes, expiration))
+                try:
+                    out[subkey] = ValueWithExpiration(protocol.serializer.loads(value_bytes), expiration)
+                except Exception:
+                    continue  # not msgpack: parse_signed would refuse it anyway
+        return out, size
+    return ({} if answered else None), 0
+
+
+def quiet_store(dht_call, key: str, subkey, value, expiration: float) -> int:
+    """Store one record under `key` on its replicas without fetching the key's dictionary (`dht_call`:
+    DHTSupervisor.call) -> how many replicas took it."""
+    return dht_call("run_coroutine", functools.partial(_quiet_store, key, subkey, value, expiration))
+
+
+def quiet_read(dht_call, key: str) -> tuple[dict | None, int]:
+    """One replica's copy of `key`'s dictionary, in `DHT.get`'s value shape, and its size in bytes; None if
+    no replica answered (`dht_call`: DHTSupervisor.call)."""
+    return dht_call("run_coroutine", functools.partial(_quiet_read, key))
+
+
+SIZE_SAMPLE = 20  # neighbours whose spread gives the size estimate (hivemind's bucket size)
+
+
+async def _size_estimate(_dht, node) -> float:
+    """In the DHT child: the DHT's size from our own routing table, free of network calls: k nodes within XOR
+    distance d of us among ids spread uniformly over 2^160 means about k * 2^160 / d nodes in all (fewer
+    than k known: every node is known)."""
+    near = node.protocol.routing_table.get_nearest_neighbors(node.node_id, SIZE_SAMPLE, exclude=node.node_id)
+    if len(near) < SIZE_SAMPLE:
+        return float(len(near) + 1)
+    farthest = max(node.node_id.xor_distance(node_id) for node_id, _peer in near)
+    return SIZE_SAMPLE * float(DHTID.MAX) / max(farthest, 1)
+
+
+def dht_size_estimate(dht_call) -> float:
+    """About how many nodes the DHT has (all swarms sharing it, bootstraps included), from our routing table
+    (`dht_call`: DHTSupervisor.call): a joiner's first guess at its shard level."""
+    return dht_call("run_coroutine", _size_estimate)

@@ -9,6 +9,7 @@ per-round `fetch`.
 The parts, each with its own contract in its docstring:
     supervisor.DHTSupervisor   the DHT child: identity, calls into it, P2P replica, restarts
     membership.Membership      our signed records in the DHT and reading everyone's, on a schedule
+    shards.ShardedMembership   or (swarm.membership: sampled) our record in a few shard keys, random shard reads
     view.PeerView              whom we push to, and the pushes
     receiver.BatchReceiver     announcements in, downloads, validation, the round's take; DPO's fetch
     blobs.BlobStore            what we serve
@@ -39,6 +40,7 @@ from swarm_node.swarm.ratelimit import RateLimitedLog
 from swarm_node.swarm.receiver import BatchReceiver, Rank, RoundIntake, Validator
 from swarm_node.swarm.records import KINDS, MAX_ANNOUNCED_ROUNDS, MemberRecord
 from swarm_node.swarm.rejoin import RejoinPolicy
+from swarm_node.swarm.shards import ShardedMembership, membership_kind
 from swarm_node.swarm.supervisor import DHTSupervisor
 from swarm_node.swarm.view import Accept, PeerView
 
@@ -65,7 +67,7 @@ class SwarmPeer:
     batch within its receive limits can be, grpo/limits.py); None: `swarm.max_batch_bytes`. `params_cap`:
     the largest DPO parameter payload we fetch or publish (a DPO node: `dpo.max_payload_bytes`); None:
     `swarm.max_batch_bytes`. `rank(peer_id)`: 0 for a peer we trust (a GRPO node: an identity its
-    newcomer gate has established), higher for strangers (receiver.Rank). It orders the waits for download
+    newcomer gate has established), 1 for one warming up, 2 for a stranger (receiver.Rank). It orders the waits for download
     slots (strangers share at most half of them) and picks whom we push to (trusted peers first, one place
     kept for strangers); None: everyone alike.
     """
@@ -86,9 +88,13 @@ class SwarmPeer:
             announce.HANDLER: announce.make_handler(lambda *a: self.receiver.on_announcement(*a)),
         }
         self.dht = DHTSupervisor(cfg, self.loop, handlers, self.log)
-        self.membership = Membership(cfg, info, self.dht, self.counters, self.log)
+        self.membership_kind = membership_kind(cfg.membership, info.mode)
+        self.sampled = self.membership_kind == "sampled"
+        self.membership: Membership | ShardedMembership = (
+            ShardedMembership(cfg, info, self.dht, self.counters, self.log) if self.sampled
+            else Membership(cfg, info, self.dht, self.counters, self.log))
         self.view = PeerView(cfg, info.mode, accept, lambda: self.dht.p2p, self.loop, self.counters, self.log,
-                             rank=rank)
+                             rank=rank, sampled=self.sampled)
         self.receiver = BatchReceiver(cfg, validate, view=self.view, membership=self.membership, dht=self.dht,
                                       loop=self.loop, counters=self.counters, keep=self.blobs.keep, log=self.log,
                                       batch_cap=batch_cap, params_cap=params_cap, rank=rank)
@@ -98,6 +104,8 @@ class SwarmPeer:
         self._closed = False
         self._keep_view_until = 0.0  # after a DHT restart: member reads may add peers, not forget them
         self.rejoin_policy = RejoinPolicy()  # when a peer alone in its member reads pings the peers it knows
+        self._last_beat = time.monotonic()  # sampled membership: contact since the last heartbeat
+        self._listed_others = False  # sampled membership: a read since the last heartbeat listed another peer
         self._hints = RateLimitedLog(self.log, burst=1, period_s=UNREACHABLE_HINT_EVERY_S)
 
     @property
@@ -126,6 +134,8 @@ class SwarmPeer:
             self.close()
             raise
         self.view.peer_id = self.dht.peer_id
+        if self.sampled:
+            self.membership.guess_level()
         self.log.info("joined swarm %r as %s in %.1fs", self.cfg.swarm_id, self.peer_id, time.monotonic() - t0)
         self._heartbeat()
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name=HEARTBEAT_THREAD, daemon=True)
@@ -269,9 +279,29 @@ class SwarmPeer:
             full = self.membership.full_read_due(now)
             self._refresh_view(latest=full, beam_size=STORE_BEAM if full else None)
             self.membership.read_done(now, len(self.view), full=full)
-            self._rejoin_if_alone(now)
+            if not self.sampled:
+                self._rejoin_if_alone(now)
         else:
             self.view.repush()
+        if self.sampled:
+            self._note_contact(now)
+            self._rejoin_if_alone(now)
+
+    def _note_contact(self, now: float) -> None:
+        """Sampled membership: tell the rejoin policy whether this heartbeat had contact with the swarm (a read
+        listed another peer, or a push got through either way since the last beat); reads alone come only
+        every other beat and list a random shard, which may hold only us."""
+        since = self._last_beat
+        pushed = self.view.last_contact >= since
+        heard = bool(self.intake.heard_since(time.time() - (now - since)))
+        contact = self._listed_others or pushed or heard
+        tick = getattr(self.rejoin_policy, "contact", None)  # piece A's contact(bool); read() until it lands
+        if tick is not None:
+            tick(contact)
+        else:
+            self.rejoin_policy.read(others_listed=contact)
+        self._listed_others = False
+        self._last_beat = now
 
     def _rejoin_if_alone(self, now: float) -> None:
         """Ping the peers we know (initial and last connected) when the rejoin policy says so (rejoin.py)."""
@@ -280,8 +310,13 @@ class SwarmPeer:
         answered = self.dht.rejoin()
         if answered:
             self.counters.add("rejoins")
-            self.log.info("no peer listed in %d member reads: %d known peer(s) answered a ping; rejoining",
-                          self.rejoin_policy.alone_reads, answered)
+            if self.sampled:  # (tooling/net_scenarios.py looks for the line's end)
+                quiet = getattr(self.rejoin_policy, "quiet_beats", self.rejoin_policy.alone_reads)
+                self.log.info("no contact with a peer for %d heartbeats: %d known peer(s) answered a ping; "
+                              "rejoining", quiet, answered)
+            else:
+                self.log.info("no peer listed in %d member reads: %d known peer(s) answered a ping; rejoining",
+                              self.rejoin_policy.alone_reads, answered)
 
     def _refresh_view(self, latest: bool = True, beam_size: int | None = None) -> None:
         """Membership read: who we may push to, and what round each peer has signed.
@@ -291,13 +326,16 @@ class SwarmPeer:
         TTL are forgotten; one copy may lack peers that are still there (membership.py says why).
         """
         members = self.membership.read_members(latest=latest, beam_size=beam_size)
-        self.rejoin_policy.read(others_listed=bool(set(members) - {self.peer_id}))
+        if self.sampled:
+            self._listed_others |= bool(set(members) - {self.peer_id})
+        else:
+            self.rejoin_policy.read(others_listed=bool(set(members) - {self.peer_id}))
         if not members and self.dht.child is None:
             return
         heard = self.intake.heard_since(time.time() - self.cfg.record_ttl_s)
         if time.monotonic() < self._keep_view_until:
             heard |= {m.peer_id for m in self.view.others()}
-        gone = self.view.update(members, heard, forget=latest)
+        gone = self.view.update(members, heard, forget=latest and not self.sampled)
         for pid, m in members.items():
             if pid != self.peer_id:
                 self.intake.note_member(pid, m.round)

@@ -6,6 +6,10 @@ MAX_VIEW, so a flood of fresh identities does not grow it). Each round's announc
 strangers), drawn afresh every time, one push in flight per
 peer with a timeout, so a stopped peer cannot pile them up; a failed push skips that peer for a
 heartbeat. A newcomer gets our newest announcement at once.
+
+With sampled membership (shards.py) the view is bounded (sampling.ViewBook, VIEW_SIZE peers): a peer leaves
+it when its record is older than a TTL and no push went either way within a TTL, and targets are ranked
+(sampling.pick_targets: established, then warming, plus one exploration slot).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from swarm_node.swarm.announce import BatchAnnouncement, encode, push
 from swarm_node.swarm.counters import SwarmCounters
 from swarm_node.swarm.loop import LoopThread
 from swarm_node.swarm.records import MemberRecord
+from swarm_node.swarm.sampling import VIEW_SIZE, ViewBook, pick_targets
 
 MAX_VIEW = 4096  # peers we may push to (membership + pushers); the intake keeps state for as many
 PUSH_TIMEOUT_S = 5.0
@@ -54,7 +59,7 @@ class PeerView:
 
     def __init__(self, cfg: SwarmConfig, my_mode: str, accept: Accept | None, p2p: Callable[[], P2P | None],
                  loop: LoopThread, counters: SwarmCounters, log: logging.Logger,
-                 rank: Callable[[str], int] | None = None) -> None:
+                 rank: Callable[[str], int] | None = None, sampled: bool = False) -> None:
         self.cfg = cfg
         self.my_mode = my_mode
         self.accept = accept
@@ -73,6 +78,11 @@ class PeerView:
         # peer -> when its pushes began to fail (none got through since); kept while a peer drops out of a
         # member list and back (a replica's copy may lack it), so only a push that gets through resets it
         self._failing_since: dict[str, float] = {}
+        # sampled membership: the bounded view's book (who may stay), and the ranked target choice
+        self.book = _view_book(cfg.record_ttl_s) if sampled else None
+        self._pick = _targets_picker() if sampled else None
+        self._rng = random.Random()
+        self.last_contact = float("-inf")  # monotonic time a push of ours last got through
 
     # ---- who is in it ----
 
@@ -101,6 +111,8 @@ class PeerView:
     def update(self, members: dict[str, MemberRecord], heard: set[str], forget: bool = True) -> list[str]:
         """A member-list read: members join or refresh; if `forget` (a complete read), peers neither listed
         nor `heard` (pushed to us within a TTL) are forgotten. Returns the forgotten ids."""
+        if self.book is not None:
+            return self._book_update(members)
         with self._lock:
             for pid, m in members.items():
                 if pid != self.peer_id:
@@ -115,6 +127,25 @@ class PeerView:
                 del self._unreachable[pid]  # its heartbeat of skipping is over
         return gone
 
+    def _book_update(self, members: dict[str, MemberRecord]) -> list[str]:
+        """Sampled membership: records read join the bounded view (the book decides who stays); peers whose
+        record expired without a push either way within a TTL leave. Returns the ids that left."""
+        now = time.time()
+        with self._lock:
+            for pid, m in members.items():
+                if pid != self.peer_id and self.book.add(pid, m, min(m.updated, now), now,
+                                                                 rank=self._rank_of(pid)):
+                    self._peers[pid] = m
+            gone = set(self.book.expire(now)) | (set(self._peers) - set(self.book.peers()))
+            for pid in gone:
+                self._forget(pid)
+        return sorted(gone)
+
+    def _forget(self, pid: str) -> None:
+        self._peers.pop(pid, None)
+        self._greeted.discard(pid)
+        self._unreachable.pop(pid, None)
+
     def unreachable_for(self, min_s: float) -> list[str]:
         """Peers in the view that every push has failed to reach for at least `min_s` seconds."""
         now = time.monotonic()
@@ -124,6 +155,17 @@ class PeerView:
     def heard_from(self, peer_id: str, member: MemberRecord) -> bool:
         """A peer pushed to us: it joins (or refreshes) the view while there is room. True if it is new."""
         with self._lock:
+            if self.book is not None:
+                first = peer_id not in self._peers
+                now = time.time()
+                if self.book.add(peer_id, member, min(member.updated, now), now, rank=self._rank_of(peer_id)):
+                    self.book.touch(peer_id, now)
+                    self._peers[peer_id] = member
+                    for pid in set(self._peers) - set(self.book.peers()):
+                        self._forget(pid)  # evicted to make room
+                else:
+                    first = False
+                return first
             first = peer_id not in self._peers and len(self._peers) < MAX_VIEW
             if first or peer_id in self._peers:
                 self._peers[peer_id] = member
@@ -141,6 +183,8 @@ class PeerView:
         with self._lock:
             pool = [pid for pid, m in self._peers.items() if pid != self.peer_id and self.accepts(m)
                     and self._unreachable.get(pid, 0.0) <= now and not (exclude and pid in exclude)]
+        if self._pick is not None:
+            return self._pick(pool, self._rank_of, n, self._rng)
         if self.rank is None:
             return random.sample(pool, min(n, len(pool)))
         known, strangers = [], []
@@ -150,10 +194,12 @@ class PeerView:
         return random.sample(known, take) + random.sample(strangers, min(n - take, len(strangers)))
 
     def _rank_of(self, peer_id: str) -> int:
+        if self.rank is None:
+            return 2  # everyone alike: a stranger
         try:
             return int(self.rank(peer_id))
         except Exception:  # a rank hook that fails ranks the peer a stranger
-            return 1
+            return 2
 
     # ---- pushes ----
 
@@ -204,6 +250,9 @@ class PeerView:
             self.counters.add("announcements_out")
             with self._lock:
                 self._failing_since.pop(pid, None)
+                self.last_contact = time.monotonic()
+                if self.book is not None:
+                    self.book.touch(pid, time.time())
         except Exception as exc:  # dial failures, timeouts (a stopped peer), closed streams
             self.counters.add("push_failed")
             with self._lock:
@@ -217,3 +266,69 @@ class PeerView:
             self.log.debug("pushing an announcement to %s failed: %s", pid, exc)
         finally:
             self._pushing.discard(pid)
+
+
+# ---- FALLBACK, REMOVE AT MERGE: stand-ins for sampling.ViewBook and pick_targets while piece A's bodies raise
+# NotImplementedError (only so that sampled mode runs end to end before A lands).
+
+
+class _LocalViewBook:
+    """ViewBook's contract, minimal: bounded; expiry at updated + ttl unless touched within ttl; when full,
+    the oldest stranger (rank 2... or any rank > 0) goes, never a rank 0 peer."""
+
+    def __init__(self, capacity: int = VIEW_SIZE, ttl_s: float = 60.0) -> None:
+        self.capacity, self.ttl_s = capacity, ttl_s
+        self._entries: dict[str, list] = {}  # pid -> [record, updated, last contact, rank]
+
+    def add(self, peer_id: str, record: object, updated: float, now: float, rank: int = 2) -> bool:
+        if peer_id in self._entries:
+            e = self._entries[peer_id]
+            e[0], e[1], e[3] = record, max(e[1], updated), rank
+            return True
+        if len(self._entries) >= self.capacity:
+            strangers = [p for p, e in self._entries.items() if e[3] > 0]
+            if not strangers:
+                return False
+            del self._entries[min(strangers, key=lambda p: self._entries[p][1])]
+        self._entries[peer_id] = [record, updated, float("-inf"), rank]
+        return True
+
+    def touch(self, peer_id: str, now: float) -> None:
+        if peer_id in self._entries:
+            self._entries[peer_id][2] = now
+
+    def expire(self, now: float) -> list[str]:
+        gone = [p for p, e in self._entries.items() if max(e[1], e[2]) + self.ttl_s < now]
+        for p in gone:
+            del self._entries[p]
+        return gone
+
+    def peers(self) -> list[str]:
+        return list(self._entries)
+
+    def record(self, peer_id: str) -> object | None:
+        e = self._entries.get(peer_id)
+        return e[0] if e else None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _local_pick_targets(candidates, rank, fanout, rng) -> list[str]:
+    by_rank = sorted(candidates, key=lambda p: (rank(p), rng.random()))
+    return by_rank[:max(0, fanout)]
+
+
+def _view_book(ttl_s: float):
+    try:
+        return ViewBook(VIEW_SIZE, ttl_s)
+    except NotImplementedError:
+        return _LocalViewBook(VIEW_SIZE, ttl_s)
+
+
+def _targets_picker():
+    try:
+        pick_targets(["a"], lambda _p: 0, 1, random.Random(0))
+    except NotImplementedError:
+        return _local_pick_targets
+    return pick_targets
