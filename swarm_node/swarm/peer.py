@@ -295,11 +295,7 @@ class SwarmPeer:
         pushed = self.view.last_contact >= since
         heard = bool(self.intake.heard_since(time.time() - (now - since)))
         contact = self._listed_others or pushed or heard
-        tick = getattr(self.rejoin_policy, "contact", None)  # piece A's contact(bool); read() until it lands
-        if tick is not None:
-            tick(contact)
-        else:
-            self.rejoin_policy.read(others_listed=contact)
+        self.rejoin_policy.contact(contact)
         self._listed_others = False
         self._last_beat = now
 
@@ -311,9 +307,8 @@ class SwarmPeer:
         if answered:
             self.counters.add("rejoins")
             if self.sampled:  # (tooling/net_scenarios.py looks for the line's end)
-                quiet = getattr(self.rejoin_policy, "quiet_beats", self.rejoin_policy.alone_reads)
                 self.log.info("no contact with a peer for %d heartbeats: %d known peer(s) answered a ping; "
-                              "rejoining", quiet, answered)
+                              "rejoining", self.rejoin_policy.quiet_beats, answered)
             else:
                 self.log.info("no peer listed in %d member reads: %d known peer(s) answered a ping; rejoining",
                               self.rejoin_policy.alone_reads, answered)

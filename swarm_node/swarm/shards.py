@@ -38,26 +38,6 @@ def membership_kind(setting: str, mode: str) -> str:
     return "full" if mode == "dpo" else "sampled"
 
 
-class _StayAtLevel:
-    """FALLBACK, REMOVE AT MERGE: stands in for sampling.LevelPolicy while piece A's body raises
-    NotImplementedError (a swarm of <= 16 peers stays at level 0)."""
-
-    def __init__(self, level: int = 0) -> None:
-        self.level = level
-
-    def observe(self, entries: int, writer_levels, read_level: int | None = None) -> int:
-        return self.level
-
-
-def _level_policy() -> sampling.LevelPolicy | _StayAtLevel:
-    policy = sampling.LevelPolicy(0)
-    try:
-        policy.observe(0, [])
-    except NotImplementedError:
-        return _StayAtLevel(0)
-    return sampling.LevelPolicy(0)
-
-
 class ShardedMembership:
     """This peer's record in its shard keys, and the records of a random shard read now and then.
 
@@ -78,7 +58,7 @@ class ShardedMembership:
         self.counters = counters
         self.log = log
         self.round = 0
-        self.policy = _level_policy()
+        self.policy = sampling.LevelPolicy(0)
         self.rng = rng or random.Random()
         self._next_member_store = 0.0
         self._next_read = 0.0
@@ -88,11 +68,9 @@ class ShardedMembership:
 
     def guess_level(self) -> None:
         """A joiner's first level, from the DHT's size as our routing table sees it (sampling.initial_level);
-        later reads correct it. Kept at level 0 while initial_level is not there (piece A)."""
+        later reads correct it."""
         try:
             level = sampling.initial_level(dht_size_estimate(self.dht.call))
-        except NotImplementedError:  # FALLBACK, REMOVE AT MERGE (piece A's initial_level)
-            return
         except Exception as exc:
             self.log.debug("estimating the DHT's size: %s", exc)
             return
@@ -110,8 +88,7 @@ class ShardedMembership:
             tokenizer_fp=self.info.tokenizer_fp, task_id=self.info.task_id, round=self.round,
             updated=float(time.time()), arch_fp=self.info.arch_fp, client_mode=self.cfg.client_mode,
         )
-        if "level" in MemberRecord.model_fields:  # piece A adds it (records.py); writers' levels steer readers
-            fields["level"] = self.level
+        fields["level"] = self.level  # writers' levels steer readers (sampling.LevelPolicy)
         return MemberRecord(**fields)
 
     def refresh_period(self, view_size: int = 0) -> float:
@@ -192,7 +169,7 @@ class ShardedMembership:
         sees how many there were and at which levels their writers are. `latest`/`beam_size` are full
         membership's and ignored. A read that fails answers with the last that worked, for up to a TTL."""
         # our level, or now and then a probe deeper (LevelPolicy.read_level: a group drifted shallow finds the rest)
-        read_level = getattr(self.policy, "read_level", lambda _rng: self.level)(self.rng)
+        read_level = self.policy.read_level(self.rng)
         key = sampling.random_read_key(self.cfg.swarm_id, read_level, self.rng)
         try:
             value, size = quiet_read(self.dht.call, key)
@@ -208,11 +185,8 @@ class ShardedMembership:
         for owner, detail, once in problems:
             self.counters.reject(reasons.BAD_RECORD, owner, f"{key}: {detail}", once=(key, *once))
         others = [m for pid, m in found.items() if pid != self.dht.peer_id]
-        levels = [int(getattr(m, "level", self.level)) for m in others]
-        if read_level == self.level:
-            self.policy.observe(len(found), levels)
-        else:
-            self.policy.observe(len(found), levels, read_level=read_level)
+        levels = [int(m.level) for m in others]
+        self.policy.observe(len(found), levels, read_level=read_level)
         for pid, m in found.items():
             self._known.pop(pid, None)
             self._known[pid] = m

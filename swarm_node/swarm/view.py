@@ -79,8 +79,8 @@ class PeerView:
         # member list and back (a replica's copy may lack it), so only a push that gets through resets it
         self._failing_since: dict[str, float] = {}
         # sampled membership: the bounded view's book (who may stay), and the ranked target choice
-        self.book = _view_book(cfg.record_ttl_s) if sampled else None
-        self._pick = _targets_picker() if sampled else None
+        self.book = ViewBook(VIEW_SIZE, cfg.record_ttl_s) if sampled else None
+        self._pick = pick_targets if sampled else None
         self._rng = random.Random()
         self.last_contact = float("-inf")  # monotonic time a push of ours last got through
 
@@ -266,69 +266,3 @@ class PeerView:
             self.log.debug("pushing an announcement to %s failed: %s", pid, exc)
         finally:
             self._pushing.discard(pid)
-
-
-# ---- FALLBACK, REMOVE AT MERGE: stand-ins for sampling.ViewBook and pick_targets while piece A's bodies raise
-# NotImplementedError (only so that sampled mode runs end to end before A lands).
-
-
-class _LocalViewBook:
-    """ViewBook's contract, minimal: bounded; expiry at updated + ttl unless touched within ttl; when full,
-    the oldest stranger (rank 2... or any rank > 0) goes, never a rank 0 peer."""
-
-    def __init__(self, capacity: int = VIEW_SIZE, ttl_s: float = 60.0) -> None:
-        self.capacity, self.ttl_s = capacity, ttl_s
-        self._entries: dict[str, list] = {}  # pid -> [record, updated, last contact, rank]
-
-    def add(self, peer_id: str, record: object, updated: float, now: float, rank: int = 2) -> bool:
-        if peer_id in self._entries:
-            e = self._entries[peer_id]
-            e[0], e[1], e[3] = record, max(e[1], updated), rank
-            return True
-        if len(self._entries) >= self.capacity:
-            strangers = [p for p, e in self._entries.items() if e[3] > 0]
-            if not strangers:
-                return False
-            del self._entries[min(strangers, key=lambda p: self._entries[p][1])]
-        self._entries[peer_id] = [record, updated, float("-inf"), rank]
-        return True
-
-    def touch(self, peer_id: str, now: float) -> None:
-        if peer_id in self._entries:
-            self._entries[peer_id][2] = now
-
-    def expire(self, now: float) -> list[str]:
-        gone = [p for p, e in self._entries.items() if max(e[1], e[2]) + self.ttl_s < now]
-        for p in gone:
-            del self._entries[p]
-        return gone
-
-    def peers(self) -> list[str]:
-        return list(self._entries)
-
-    def record(self, peer_id: str) -> object | None:
-        e = self._entries.get(peer_id)
-        return e[0] if e else None
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-def _local_pick_targets(candidates, rank, fanout, rng) -> list[str]:
-    by_rank = sorted(candidates, key=lambda p: (rank(p), rng.random()))
-    return by_rank[:max(0, fanout)]
-
-
-def _view_book(ttl_s: float):
-    try:
-        return ViewBook(VIEW_SIZE, ttl_s)
-    except NotImplementedError:
-        return _LocalViewBook(VIEW_SIZE, ttl_s)
-
-
-def _targets_picker():
-    try:
-        pick_targets(["a"], lambda _p: 0, 1, random.Random(0))
-    except NotImplementedError:
-        return _local_pick_targets
-    return pick_targets

@@ -269,7 +269,8 @@ class World:
         n.next_store = self.env.now + SAMPLED_STORE_S
 
     def sampled_read(self, n: _Node) -> int:
-        key = f"{SWARM}_m{n.level}_{self.rng.randrange(2 ** n.level)}"
+        read_level = n.lp.read_level(self.rng)  # our level, or now and then a deeper probe (as shards.py reads)
+        key = pol.random_read_key(SWARM, read_level, self.rng)
         entries = self.live_entries(key)
         self.lookup("dht_quiet_read")
         self.charge("dht_quiet_read", self.c.find_base + len(entries) * self.c.entry)
@@ -278,7 +279,8 @@ class World:
         for pid, (exp, _lv) in entries.items():
             if pid != n.pid:
                 n.view.add(pid, None, exp - self.cfg.ttl_s, now, self.rank(n, pid))
-        n.level = n.lp.observe(len(entries), [lv for _e, lv in entries.values()])
+        writers = [lv for pid, (_e, lv) in entries.items() if pid != n.pid]
+        n.level = n.lp.observe(len(entries), writers, read_level=read_level)
         n.next_read = now + SAMPLED_READ_S
         return len(entries)
 
@@ -499,7 +501,7 @@ class World:
             levels[self.nodes[i].level] = levels.get(self.nodes[i].level, 0) + 1
         return SimResult(
             config=asdict(cfg),
-            policy="swarm_node.swarm.sampling" if pol.REAL_POLICY else "tooling/swarm_sim/policy.py stand-in",
+            policy="swarm_node.swarm.sampling",
             control_bytes_per_node_round=sum(self.bytes.values()) / nr,
             components={k: v / nr for k, v in sorted(self.bytes.items())},
             batches_per_round=sum(self.taken) / nr,
