@@ -146,3 +146,10 @@ def test_report_to_and_lr_schedule_settings():
         load_config(None, ["training.lr_schedule=cosine"])
     cfg = load_config(None, ["training.lr_schedule=linear", "training.warmup_rounds=3", "rounds=20"])
     assert cfg.training.lr_schedule == "linear" and cfg.training.warmup_rounds == 3
+
+
+def test_push_fanout_defaults_to_k_plus_one_and_a_set_value_wins():
+    from swarm_node.config import SwarmConfig
+    assert SwarmConfig().fanout() == SwarmConfig().max_peers_per_round + 1 == 5
+    assert SwarmConfig(max_peers_per_round=8).fanout() == 9
+    assert SwarmConfig(max_peers_per_round=8, push_fanout=3).fanout() == 3

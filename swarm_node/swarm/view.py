@@ -206,13 +206,13 @@ class PeerView:
     def announce(self, ann: BatchAnnouncement) -> None:
         """Our newest batch: remember it and push it to F random neighbours (any thread; returns at once)."""
         self.latest = ann
-        self.loop.call_soon(self._push_to, self.targets(self.cfg.push_fanout), ann)
+        self.loop.call_soon(self._push_to, self.targets(self.cfg.fanout()), ann)
 
     def repush(self) -> None:
         """Our newest announcement again, to F random neighbours (repairs a push lost to a restart)."""
         ann = self.latest
         if ann is not None:
-            self.loop.call_soon(self._push_to, self.targets(self.cfg.push_fanout), ann)
+            self.loop.call_soon(self._push_to, self.targets(self.cfg.fanout()), ann)
 
     def greet(self, n_members: int) -> None:
         """After a member-list read: peers not greeted yet get our newest announcement, F others again."""
@@ -221,7 +221,7 @@ class PeerView:
             return
         fresh = [pid for pid in self.targets(n_members) if pid not in self._greeted]
         self._greeted.update(fresh)
-        again = self.targets(self.cfg.push_fanout, exclude=set(fresh))
+        again = self.targets(self.cfg.fanout(), exclude=set(fresh))
         self.loop.call_soon(self._push_to, fresh + again, ann)
 
     def greet_newcomer(self, peer_id: str) -> None:
