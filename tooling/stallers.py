@@ -23,6 +23,7 @@ from swarm_node.swarm.transfer import FOUND, HANDLER
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 HOLD_S = 3600.0
+STARTUP_S = 60.0  # per p2pd: 64 of them start 8 at a time, on a loaded machine (hivemind waits 15 s)
 
 
 class Stallers:
@@ -43,7 +44,8 @@ class Stallers:
 
         async def one() -> P2P:
             async with gate:
-                p2p = await P2P.create(initial_peers=target_maddrs, host_maddrs=LOOPBACK)
+                p2p = await P2P.create(initial_peers=target_maddrs, host_maddrs=LOOPBACK,
+                                       startup_timeout=STARTUP_S)
                 await p2p.add_binary_stream_handler(HANDLER, self._serve)
                 return p2p
 
