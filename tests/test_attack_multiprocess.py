@@ -10,15 +10,30 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from tooling.adversary import MODES, run_side_by_side, summarize
+from swarm_node.config import load_config
+from swarm_node.runs.local_swarm import write_peer_config
+from swarm_node.swarm.receiver import BatchReceiver
+from tooling.adversary import MODES, STALLER_BYTES, honest_overrides, run_side_by_side, summarize
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PACE_FRACTION = 0.7  # attacked rounds per second (after round 1) >= 70% of the baseline's, side by side
 ACC_TOLERANCE = 0.2  # |accuracy difference| at every common eval point (eval_n = 50: one sample is 0.02)
+
+
+def test_a_silent_stallers_download_is_cut_off_as_stalled_well_before_its_deadline(tmp_path) -> None:
+    """stall_announce expects `swarm:stalled`: the stall cut-off (download_stall_s after the stream opened)
+    must come well before the download's whole deadline (download_deadline_s of the announced size), else
+    a slow open under load lets the deadline cut it off first, counted `timeout` (20 kB left 0.3 s)."""
+    cfg = load_config(write_peer_config(Path(__file__).resolve().parents[1] / "peers" / "tiny-s.yaml",
+                                        tmp_path / "honest.yaml", honest_overrides("x", 1))).swarm
+    deadline = BatchReceiver.download_deadline_s(SimpleNamespace(cfg=cfg), STALLER_BYTES)
+    assert deadline - cfg.download_stall_s >= 2.5, (deadline, cfg.download_stall_s)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ a request that is never read does not hold an upload slot while a whole batch fi
 (tiny models' batches do; tests/test_hostile_transfer.py stalls a 4 MiB blob), and a forged write under
 another peer's subkey is refused by every storer's signature check before our validators see it.
 
-Why one module of ~740 lines: it is the catalogue of attack modes (one short function each, chosen by
+Why one module of ~760 lines: it is the catalogue of attack modes (one short function each, chosen by
 name on the command line) around one process's join-and-follow loop; split by mode, every file would
 repeat that loop's set-up, and a reader looks for "what does mode X send" in one place.
 """
@@ -76,7 +76,11 @@ BATCH_MODES = ("false_rewards", "nan_rewards", "extreme_logprobs", "ids_over_voc
 # the skew audit needs a few batches of mixed groups per peer; a stalled download is counted at its deadline
 MIN_ROUNDS = {"fabricate_positive": 4, "sybil": 3, "stall_announce": 4, "dht_flood": 2}
 MIN_SECONDS = {"stall_announce": 8.0}  # past the first announcement: stalled downloads are cut off (5 s)
-STALLER_BYTES = 20_000  # announced by each staller
+# announced by each staller. A download's whole deadline is download_stall_s + size / download_min_rate (capped
+# at collect_deadline_s): 5 + 200 kB / 64 KiB/s = 8 s for the honest node (its batch cap is ~250 kB), so a
+# silent staller's stall cut-off (5 s after its stream opened) comes 3 s before the deadline, however long the
+# open takes under load. At 20 kB it came 0.3 s before, and a slower open let the deadline count `timeout`.
+STALLER_BYTES = 200_000
 FLOOD_S = 3.0  # seconds of StoreRequests per honest round of dht_flood
 FABRICATE_DELTA = 1.0  # nats taken off the claimed log-probs (exp(1) = 2.7x: the F-TIS cap's full 2x)
 
@@ -486,10 +490,20 @@ class Adversary:
                             task_id=self.info.task_id)
             self.sybils.append(SwarmPeer(self.cfg, info, validate=None).start())  # they only publish
 
+    def settled(self, mode: str) -> bool:
+        """Has the honest node cut off what this mode holds open? stall_announce's stallers hold every stream
+        they are asked on until the requester hangs up (its stall cut-off): ending the mode before then would
+        close them, and the honest node would count those downloads `stream_error` instead."""
+        if mode == "stall_announce":
+            return self.stallers is not None and bool(self.stallers.hung_up)
+        return True
+
     def end_mode(self, mode: str) -> None:
         if mode == "sybil":
             self._sybil_round = 0
         if mode == "stall_announce" and self.stallers is not None:
+            log.info("stall_announce ends: %d requests held, %d cut off by the requester after %s s", self.stallers.requests,
+                     len(self.stallers.hung_up), [round(s, 1) for s in self.stallers.hung_up[:8]])
             self.run_on_loop(self.stallers.close(), timeout=60)
             self.stallers = None
         for w in getattr(self, "_held", []):
@@ -519,7 +533,8 @@ class Adversary:
             give_up = time.monotonic() + self.args.mode_timeout_s
             while ((done < max(self.args.rounds_per_mode, MIN_ROUNDS.get(mode, 1))
                     or time.monotonic() - (first or time.monotonic()) < max(MIN_SECONDS.get(mode, 0.0),
-                                                                            self.args.min_mode_s))
+                                                                            self.args.min_mode_s)
+                    or not self.settled(mode))
                    and time.monotonic() < give_up):
                 r = self.honest_round()
                 if r > last:

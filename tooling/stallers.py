@@ -23,6 +23,7 @@ from swarm_node.swarm.transfer import FOUND, HANDLER
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 HOLD_S = 3600.0
+STARTUP_S = 60.0  # per p2pd: 64 of them start 8 at a time, on a loaded machine (hivemind waits 15 s)
 
 
 class Stallers:
@@ -34,6 +35,7 @@ class Stallers:
         self.n, self.mode, self.size = n, mode, size
         self.p2ps: list[P2P] = []
         self.requests = 0  # blob requests the targets sent us (each a download slot held at the target)
+        self.hung_up: list[float] = []  # seconds each held request lasted until its requester cut it off
         self.pushed = 0
         self._held: set[asyncio.Task] = set()
 
@@ -42,7 +44,8 @@ class Stallers:
 
         async def one() -> P2P:
             async with gate:
-                p2p = await P2P.create(initial_peers=target_maddrs, host_maddrs=LOOPBACK)
+                p2p = await P2P.create(initial_peers=target_maddrs, host_maddrs=LOOPBACK,
+                                       startup_timeout=STARTUP_S)
                 await p2p.add_binary_stream_handler(HANDLER, self._serve)
                 return p2p
 
@@ -53,21 +56,28 @@ class Stallers:
         self.requests += 1
         task = asyncio.current_task()
         self._held.add(task)
+        held_since = None
         try:
             size = int.from_bytes(await reader.readexactly(2), "big")
             await reader.readexactly(size)
+            held_since = time.monotonic()
             if self.mode == "trickle":
                 writer.write(FOUND + self.size.to_bytes(8, "big") + hashlib.sha256(b"never").digest())
                 await writer.drain()
-                end = time.monotonic() + HOLD_S
-                while time.monotonic() < end:
+                while time.monotonic() < held_since + HOLD_S:
                     writer.write(b"x")
                     await writer.drain()
                     await asyncio.sleep(1.0)
-            else:
-                await asyncio.sleep(HOLD_S)
-        except (asyncio.CancelledError, asyncio.IncompleteReadError, ConnectionError, OSError):
-            pass
+            else:  # the requester sends nothing after its request: the read ends when it hangs up
+                await asyncio.wait_for(reader.read(), HOLD_S)
+                self.hung_up.append(time.monotonic() - held_since)
+        except asyncio.TimeoutError:
+            pass  # held for HOLD_S (TimeoutError is an OSError: caught before it)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            if held_since is not None:  # the requester cut the held stream off
+                self.hung_up.append(time.monotonic() - held_since)
+        except asyncio.CancelledError:
+            pass  # close()
         finally:
             self._held.discard(task)
             writer.close()
