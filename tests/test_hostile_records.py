@@ -36,7 +36,7 @@ def _identity(tmp_path: Path, name: str):
 
 def _member(peer_id: str) -> dict:
     return dict(peer_id=peer_id, mode="grpo", model_name="m", tokenizer_fp="t", task_id="x", round=0,
-                updated=time.time(), arch_fp="", client_mode=False)
+                updated=time.time(), arch_fp="", client_mode=False, level=0)
 
 
 def _signed(key, key_name: str, subkey: bytes, value, ttl: float = 60.0) -> DHTRecord:

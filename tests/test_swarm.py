@@ -42,7 +42,7 @@ def _key(tmp_path: Path, name: str):
 
 def _member(peer_id: str, **kw) -> dict:
     rec = dict(peer_id=peer_id, mode="grpo", model_name="m", tokenizer_fp="t", task_id="x", round=0,
-               updated=time.time(), arch_fp="", client_mode=False)
+               updated=time.time(), arch_fp="", client_mode=False, level=0)
     return {**rec, **kw}
 
 

@@ -325,7 +325,7 @@ def test_a_member_read_while_the_dht_is_down_answers_with_the_last_one(monkeypat
     subkey = records.subkey_for(records.load_identity_key(str(tmp_path / "peer-a")))
     pid = records.peer_id_of_subkey(subkey)
     rec = dict(peer_id=pid, mode="dpo", model_name="m", tokenizer_fp="tok", task_id="t", round=3,
-               updated=time.time(), arch_fp="", client_mode=False)
+               updated=time.time(), arch_fp="", client_mode=False, level=0)
     node = SwarmPeer(SwarmConfig(enabled=True, record_ttl_s=20.0, membership="full"), INFO,
                      validate=keep_raw)  # never started
     node.dht.peer_id = "me"

@@ -417,7 +417,8 @@ class Adversary:
 
             for pid in self.honest():  # a record signed by us that names the honest peer, under the members key
                 fake = dict(peer_id=pid, mode="grpo", model_name="x", tokenizer_fp=self.info.tokenizer_fp,
-                            task_id=self.info.task_id, round=10**9, updated=time.time(), arch_fp="", client_mode=False)
+                            task_id=self.info.task_id, round=10**9, updated=time.time(), arch_fp="",
+                            client_mode=False, level=0)
                 try:
                     node.dht.call("store", records.members_key(self.args.swarm_id), fake, time.time() + 30,
                                   subkey=node.dht.subkey)

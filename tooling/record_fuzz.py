@@ -37,7 +37,7 @@ def _identity(directory: str, name: str):
 
 def _member(pid: str) -> dict:
     return dict(peer_id=pid, mode="grpo", model_name="m", tokenizer_fp="t", task_id="x", round=3,
-                updated=time.time(), arch_fp="", client_mode=False)
+                updated=time.time(), arch_fp="", client_mode=False, level=0)
 
 
 def _announcement(pid: str, n: int) -> dict:
