@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 log = logging.getLogger(__name__)
 
+STATUS_LEVELS = 4  # sampled membership: read every shard key of levels 0-4 (31 keys a swarm)
 DEFAULT_SWARMS = ("default", "demo")  # swarm.swarm_id's default, and the id `swarm-node demo` and peers/*.yaml use
 
 
@@ -41,15 +42,28 @@ class SwarmReader:
             raise
 
     def members(self) -> dict[str, list]:
-        """{swarm id: [MemberRecord]} of the live members, sorted by peer id."""
+        """{swarm id: [MemberRecord]} of the live members, sorted by peer id: the full member key (DPO's
+        membership) and every shard key of sampled membership at levels 0..STATUS_LEVELS, all read at once.
+        A sampled writer at level L stores at L-1..L+1, so this lists every peer of a swarm up to ~250 peers
+        (levels <= 5); a bigger swarm is larger than the list."""
         from swarm_node.swarm.records import MemberRecord, members_key, parse_signed
+        from swarm_node.swarm.sampling import shard_key
 
-        found: dict[str, list] = {}
-        for sid in self.swarm_ids:
-            value = self._dht.get(members_key(sid), latest=True)
+        keys = {sid: [members_key(sid)] + [shard_key(sid, lv, sh) for lv in range(STATUS_LEVELS + 1)
+                                           for sh in range(2**lv)] for sid in self.swarm_ids}
+        futures = {(sid, k): self._dht.get(k, latest=True, return_future=True) for sid, ks in keys.items() for k in ks}
+        found: dict[str, dict] = {sid: {} for sid in self.swarm_ids}
+        for (sid, _key), fut in futures.items():
+            try:
+                value = fut.result()
+            except Exception as exc:  # one key that cannot be read costs only its records
+                log.debug("reading %s: %s", _key, exc)
+                continue
             members, _problems = parse_signed(value.value if value is not None else None, MemberRecord)
-            found[sid] = sorted(members.values(), key=lambda m: m.peer_id)
-        return found
+            for pid, m in members.items():
+                if pid not in found[sid] or m.updated > found[sid][pid].updated:
+                    found[sid][pid] = m
+        return {sid: sorted(ms.values(), key=lambda m: m.peer_id) for sid, ms in found.items()}
 
     def close(self) -> None:
         from swarm_node.swarm.dht import kill_dht
