@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from swarm_node.config import Variant
+from swarm_node.training.segments import segment_sum, spread
 
 VARIANTS: tuple[str, ...] = get_args(Variant)
 
@@ -50,7 +51,8 @@ class LossDiagnostics:
 
     ratio_mean and truncated_frac describe exp(logp - logq) whatever the variant (naive and filter do not
     use the ratio, but it still tells how off-policy the data is). ``kept`` is False for filtered and for
-    empty (no completion token) sequences.
+    empty (no completion token) sequences. With segments, ratio_mean, truncated_frac and divergence are
+    over segments, and ``n_segments`` counts them per sequence (None without segments).
     """
 
     ratio_mean: Tensor
@@ -61,6 +63,7 @@ class LossDiagnostics:
     advantages: Tensor
     n_tokens: Tensor
     clipped_frac: Tensor
+    n_segments: Tensor | None = None
 
     @property
     def n_kept(self) -> int:
@@ -100,6 +103,7 @@ def ftis_loss(
     old_logp: Tensor | None = None,
     normalizer: float | None = None,
     filter_non_positive: bool = False,
+    segments: Tensor | None = None,
 ) -> tuple[Tensor, LossDiagnostics]:
     """GRPO-family loss over a batch of completions; returns (scalar loss, diagnostics).
 
@@ -124,6 +128,16 @@ def ftis_loss(
     The filter drops sequences with A_i < 0 (the paper's text), or A_i <= 0 with ``filter_non_positive``
     (the paper's code). Zero-advantage sequences carry no gradient, but a dropped one no longer counts in
     the default normalizer.
+
+    ``segments`` [B, T] (int64, values in [0, T) on completion tokens) maps each token to a segment column of
+    its row: completions from another tokenizer (training/align.py, training/segments.py). Then
+    ``behaviour_logp`` holds each segment's generator log-prob sum on one of its tokens and 0 on the others
+    (segments.behaviour_layout); the log-ratio, truncation, divergence (mean over segments) and filter are
+    per segment, and every token of a segment takes its segment's weight rho_k; the 1/|a_i| stays per
+    token. vis/fvis take r = exp(delta_k) per segment too, its surrogate counted once per segment (each token
+    carries 1/|k| of it); with ``old_logp`` (learner against its own earlier
+    log-probs) r stays per token. ``segments[i, t] = t`` (every token its own segment) gives exactly the
+    result of ``segments=None``.
     """
     if variant not in _VARIANT_SPEC:
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
@@ -137,12 +151,21 @@ def ftis_loss(
     log_ratio = torch.where(valid, ref - logq, torch.zeros_like(ref))
     n_tok = valid.sum(dim=1)
     denom = n_tok.clamp(min=1).to(torch.float64)
-    lr64 = log_ratio.to(torch.float64)
-    ratio64 = torch.where(valid, lr64.exp(), torch.zeros_like(lr64))
-    # k3 estimator of KL(pi_theta || pi_gen) per token, averaged over valid tokens only.
-    k_tok = torch.where(valid, (-lr64).exp() + lr64 - 1.0, torch.zeros_like(lr64))
-    divergence = k_tok.sum(dim=1) / denom
-    truncated = (valid & (ratio64 > cap)).sum(dim=1).to(torch.float64) / denom
+    # the units the ratio is taken over: tokens, or segments (a segment's column holds its summed log-ratio)
+    seg = None if segments is None else _checked_segments(segments, valid)
+    unit_lr, unit_valid, unit_denom, n_seg, seg_size = log_ratio, valid, denom, None, None
+    if seg is not None:
+        unit_lr = segment_sum(log_ratio, seg)
+        seg_size = segment_sum(valid.to(torch.int64), seg)
+        unit_valid = seg_size > 0
+        n_seg = unit_valid.sum(dim=1)
+        unit_denom = n_seg.clamp(min=1).to(torch.float64)
+    lr64 = unit_lr.to(torch.float64)
+    ratio64 = torch.where(unit_valid, lr64.exp(), torch.zeros_like(lr64))
+    # k3 estimator of KL(pi_theta || pi_gen) per token (segment), averaged over valid tokens (segments) only.
+    k_tok = torch.where(unit_valid, (-lr64).exp() + lr64 - 1.0, torch.zeros_like(lr64))
+    divergence = k_tok.sum(dim=1) / unit_denom
+    truncated = (unit_valid & (ratio64 > cap)).sum(dim=1).to(torch.float64) / unit_denom
 
     nonempty = n_tok > 0
     negative = adv <= 0 if filter_non_positive else adv < 0
@@ -154,18 +177,26 @@ def ftis_loss(
     if weight_kind in ("one", "ppo"):
         rho = torch.ones_like(log_ratio)
     else:
-        rho = log_ratio.exp()
+        rho = unit_lr.exp()
         if weight_kind == "capped":
             rho = rho.clamp(max=cap)
+        if seg is not None:
+            rho = torch.where(valid, spread(rho, seg), torch.ones_like(rho))
 
     lp = torch.where(valid, logp.to(torch.float32), torch.zeros_like(ref))
     a = adv[:, None]
     if weight_kind == "ppo" or old_logp is not None:
         old = logq if weight_kind == "ppo" else ref
-        r = (lp - torch.where(valid, old, torch.zeros_like(old))).exp()
+        log_r = lp - torch.where(valid, old, torch.zeros_like(old))
+        if seg is not None and weight_kind == "ppo":
+            log_r = torch.where(valid, spread(segment_sum(log_r, seg), seg), torch.zeros_like(log_r))
+        r = log_r.exp()
         unclipped = r * a
         clipped_term = r.clamp(1.0 - clip_eps, 1.0 + clip_eps) * a
         surrogate = torch.minimum(unclipped, clipped_term)
+        if seg_size is not None and weight_kind == "ppo":
+            # one surrogate per segment, shared by its tokens: each token's gradient is r_k A, as F-TIS's rho_k A
+            surrogate = surrogate / spread(seg_size, seg).clamp(min=1).to(surrogate.dtype)
         clipped = valid & (clipped_term.detach() < unclipped.detach())
     else:
         surrogate = lp * a
@@ -177,7 +208,7 @@ def ftis_loss(
     loss = -per_seq.sum() / n
 
     diag = LossDiagnostics(
-        ratio_mean=(ratio64.sum(dim=1) / denom).to(torch.float32),
+        ratio_mean=(ratio64.sum(dim=1) / unit_denom).to(torch.float32),
         truncated_frac=truncated.to(torch.float32),
         divergence=divergence.to(torch.float32),
         kept=kept,
@@ -185,5 +216,16 @@ def ftis_loss(
         advantages=adv,
         n_tokens=n_tok,
         clipped_frac=(clipped.sum(dim=1).to(torch.float64) / denom).to(torch.float32),
+        n_segments=n_seg,
     )
     return loss, diag
+
+
+def _checked_segments(segments: Tensor, valid: Tensor) -> Tensor:
+    """The segment map with padding sent to column 0 (it adds 0.0 there); refuses a map that does not fit."""
+    if segments.shape != valid.shape or segments.dtype != torch.int64:
+        raise ValueError(f"segments must be int64 {tuple(valid.shape)}, got {segments.dtype} {tuple(segments.shape)}")
+    seg = torch.where(valid, segments, torch.zeros_like(segments))
+    if seg.numel() and (int(seg.min()) < 0 or int(seg.max()) >= seg.shape[1]):
+        raise ValueError(f"segment index outside [0, {seg.shape[1]})")
+    return seg
