@@ -14,9 +14,13 @@ reports, per node per round:
 - announcement-to-receipt latency (download complete minus the sender's generation time), round time,
   and the share of rounds that trained on K peers' batches.
 
-Ratios against the smallest size are printed from the same run. `--quick` runs 4 and 8 peers briefly.
+`--membership full sampled` (the default) runs both ways of finding peers (the nodes' `swarm.membership`)
+as arms: at each size every arm runs before the next size, so the arms share the machine's load, and one
+JSON holds both. Each arm's control bytes are also given as a multiple of its own smallest size, side by
+side. `--quick` runs 4 and 8 peers briefly.
 
-    python -m benchmarks.swarm_scale --nodes 4 8 16 32 --json docs/data/swarm_scale.json
+    python -m benchmarks.swarm_scale --nodes 4 8 16 32 --membership full sampled --k 3 --fanout 3 \
+        --warmup-s 15 --measure-s 40 --json docs/data/swarm_scale_arms.json
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
 import signal
 import statistics
@@ -35,15 +38,19 @@ import time
 from pathlib import Path
 
 from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
+from tooling.loopback import in_private_netns, lo_bytes, rerun_in_netns
+
+ARMS = ("full", "sampled")
 
 WORKER = r"""
 import json, os, sys, time
 from swarm_node.config import SwarmConfig
 from swarm_node.swarm import PeerInfo, SwarmPeer, keep_raw
-boot, out, go, round_s, nbytes, k, fanout, idx = sys.argv[1:9]
+boot, out, go, round_s, nbytes, k, fanout, idx, membership = sys.argv[1:10]
 round_s, nbytes, k, fanout = float(round_s), int(nbytes), int(k), int(fanout)
 cfg = SwarmConfig(enabled=True, swarm_id="scale", initial_peers=[boot], host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-                  max_peers_per_round=k, push_fanout=fanout, bootstrap_retries=10, bootstrap_timeout_s=60)
+                  max_peers_per_round=k, push_fanout=fanout, bootstrap_retries=10, bootstrap_timeout_s=60,
+                  membership=membership)
 node = SwarmPeer(cfg, PeerInfo("grpo", f"synthetic-{idx}", "tok", "synthetic"), validate=keep_raw).start()
 with open(out + ".ready", "w") as f:
     f.write(node.peer_id)
@@ -63,22 +70,16 @@ while window is None or time.time() < window[1]:
                      "lat": [b.arrived - (taken - b.age_s) for b in got.batches],
                      "rejected": got.rejected, "events": got.events})
     time.sleep(max(0.0, t0 + round_s - time.time()))
-json.dump({"peer_id": node.peer_id, "rows": rows, "stats": node.stats()}, open(out, "w"))
+json.dump({"peer_id": node.peer_id, "membership": node.cfg.membership, "rows": rows, "stats": node.stats()},
+          open(out, "w"))
 node.close()
 """
 
 
-def lo_bytes() -> int:
-    for line in Path("/proc/net/dev").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name.strip() == "lo":
-            return int(rest.split()[8])  # transmitted bytes (each loopback packet is sent once)
-    return 0
-
-
-def run_size(n: int, args: argparse.Namespace, work: Path) -> dict:
+def run_size(n: int, arm: str, args: argparse.Namespace, work: Path) -> dict:
+    """One swarm of n peers whose nodes run `swarm.membership = arm`, measured over the window."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    d = work / f"n{n}"
+    d = work / f"n{n}-{arm}"
     d.mkdir()
     boot = subprocess.Popen([sys.executable, "-m", "swarm_node.cli", "bootstrap", "--host-maddrs",
                              "/ip4/127.0.0.1/tcp/0", "--swarm", "scale"], stdout=subprocess.PIPE,
@@ -90,7 +91,7 @@ def run_size(n: int, args: argparse.Namespace, work: Path) -> dict:
         for i in range(n):
             procs.append(subprocess.Popen(
                 [sys.executable, "-c", WORKER, maddr, str(d / f"w{i}.json"), str(go), str(args.round_s),
-                 str(args.batch_bytes), str(args.k), str(args.fanout), str(i)],
+                 str(args.batch_bytes), str(args.k), str(args.fanout), str(i), arm],
                 stdout=subprocess.DEVNULL, stderr=open(d / f"w{i}.err", "w"), env=env))
             time.sleep(args.join_s_per_node)
         t_join = time.time()
@@ -127,6 +128,8 @@ def run_size(n: int, args: argparse.Namespace, work: Path) -> dict:
     lo = b1 - b0
     out = {
         "n": n,
+        "membership": arm,
+        "membership_seen": sorted({w.get("membership") for w in results}),  # what the nodes ran with
         "joined": joined,
         "completed": len(results),
         "node_rounds": len(rows),
@@ -144,9 +147,54 @@ def run_size(n: int, args: argparse.Namespace, work: Path) -> dict:
     return out
 
 
+def run_order(nodes: list[int], arms: list[str]) -> list[tuple[int, str]]:
+    """Sizes in order, every arm at a size before the next size: the arms see the same machine load."""
+    return [(n, arm) for n in nodes for arm in arms]
+
+
+def add_ratios(results: list[dict]) -> None:
+    """Each result's control bytes as a multiple of its own arm's smallest size in this run (None where
+    that is 0 bytes)."""
+    base = {}
+    for r in sorted(results, key=lambda r: r["n"], reverse=True):
+        base[r["membership"]] = r["control_bytes_per_node_round"]
+    for r in results:
+        b = base[r["membership"]]
+        r["control_ratio_vs_smallest"] = r["control_bytes_per_node_round"] / b if b else None
+
+
+def side_by_side(results: list[dict], arms: list[str]) -> str:
+    """A markdown table, one row per size, each arm's control bytes and ratio beside the others'."""
+    by = {(r["n"], r["membership"]): r for r in results}
+    sizes = sorted({r["n"] for r in results})
+    smallest = {arm: min((r["n"] for r in results if r["membership"] == arm), default=None) for arm in arms}
+    head = ["peers"]
+    for arm in arms:
+        head += [f"{arm}: control B/node/round", f"{arm}: x vs {smallest[arm]}", f"{arm}: app-level control",
+                 f"{arm}: batches/round", f"{arm}: latency median / p90 s", f"{arm}: wall s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n in sizes:
+        row = [str(n)]
+        for arm in arms:
+            r = by.get((n, arm))
+            if r is None:
+                row += ["-"] * 6
+                continue
+            lat = (f"{r['latency_median_s']:.2f} / {r['latency_p90_s']:.2f}"
+                   if r["latency_median_s"] is not None else "-")
+            ratio = r.get("control_ratio_vs_smallest")
+            row += [f"{r['control_bytes_per_node_round']:,.0f}", f"{ratio:.2f}" if ratio is not None else "-",
+                    f"{r['control_app_bytes_per_node_round']:,.0f}", f"{r['batches_per_round']:.2f}", lat,
+                    f"{r.get('wall_s', 0):.0f}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, nargs="+", default=[4, 8, 16, 32])
+    ap.add_argument("--membership", nargs="+", choices=ARMS, default=list(ARMS),
+                    help="arms: the nodes' swarm.membership; every arm runs at a size before the next size")
     ap.add_argument("--round-s", type=float, default=1.0, help="seconds per synthetic round")
     ap.add_argument("--batch-bytes", type=int, default=3700, help="synthetic batch size (a demo batch is ~3.7 KB)")
     ap.add_argument("--k", type=int, default=4, help="peer budget K")
@@ -160,37 +208,34 @@ def main() -> int:
                  seeds_help="accepted for the benchmarks' interface: no randomness beyond the peers' own sampling")
     args = ap.parse_args()
     resolve_seeds(args)
+    args.membership = list(dict.fromkeys(args.membership))
     if args.quick:
         args.nodes, args.warmup_s, args.measure_s = [4, 8], 10.0, 25.0
-    if args.netns and os.environ.get("SWARM_SCALE_IN_NETNS") != "1":
-        if shutil.which("unshare") and subprocess.run(["unshare", "-rn", "true"]).returncode == 0:
-            cmd = "ip link set lo up && exec " + shlex.join([sys.executable, "-m", "benchmarks.swarm_scale", *sys.argv[1:]])
-            return subprocess.run(["unshare", "-rn", "sh", "-c", cmd],
-                                  env={**os.environ, "SWARM_SCALE_IN_NETNS": "1"}).returncode
+    if args.netns and not in_private_netns():
+        code = rerun_in_netns("benchmarks.swarm_scale", sys.argv[1:])
+        if code is not None:
+            return code
         print("no user+network namespace available: control bytes are the nodes' own counters", file=sys.stderr)
         args.netns = False
     work = Path(tempfile.mkdtemp(prefix="swarm-scale-"))
-    results = []
-    for n in args.nodes:
+    results: list[dict] = []
+    stopped: set[str] = set()
+    for n, arm in run_order(args.nodes, args.membership):
+        if arm in stopped:
+            continue
         t0 = time.time()
-        res = run_size(n, args, work)
+        res = run_size(n, arm, args, work)
         res["wall_s"] = round(time.time() - t0, 1)
         results.append(res)
         print(json.dumps(res), flush=True)
         if res["completed"] < n:
-            print(f"only {res['completed']} of {n} peers finished: stopping here", flush=True)
-            break
-    base = results[0]
-    print(f"\n| peers | control B/node/round | x vs {base['n']} | app-level control | payload B/node/round "
-          f"| batches/round | latency median / p90 s | round s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in results:
-        ratio = r["control_bytes_per_node_round"] / base["control_bytes_per_node_round"]
-        lat = f"{r['latency_median_s']:.2f} / {r['latency_p90_s']:.2f}" if r["latency_median_s"] is not None else "-"
-        print(f"| {r['n']} | {r['control_bytes_per_node_round']:,.0f} | {ratio:.2f} | "
-              f"{r['control_app_bytes_per_node_round']:,.0f} | {r['payload_bytes_per_node_round']:,.0f} | "
-              f"{r['batches_per_round']:.2f} | {lat} | {r['round_s']:.2f} |")
-    write_json(args.json, {"args": public_args(args, drop=("json",)), "netns": args.netns, "results": results}, args)
+            print(f"{arm}: only {res['completed']} of {n} peers finished: no larger size for this arm", flush=True)
+            stopped.add(arm)
+    add_ratios(results)
+    print()
+    print(side_by_side(results, args.membership))
+    write_json(args.json, {"args": public_args(args, drop=("json",)), "netns": args.netns, "arms": args.membership,
+                           "results": results}, args)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
