@@ -24,6 +24,10 @@
     benchmark_nodes    a benchmark's GRPO node config and its held-out score (the node's own evaluation)
     newcomer_rounds    one receiving node's round choice with the real intake and newcomer gate, simulated
     byzantine_summary  a Byzantine DPO run's paired summary (benchmarks/dpo_byzantine.py)
+    loopback           a private network namespace (`unshare -rn` re-exec) and its loopback byte counter, for
+                       benchmarks that count every byte a swarm sends (swarm_scale, control_costs)
+    swarm_sim          the control-plane simulator (SimPy): membership, announcements, downloads and DHT
+                       lookups at 100-10,000 peers, checked against real peers (benchmarks/swarm_sim.py)
 
 Tests and benchmarks both import from here and never from each other (tests/test_architecture.py checks
 it, and that the package imports none of tests/, benchmarks/ or tooling/; tests/test_packaging.py that the
