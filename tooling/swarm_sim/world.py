@@ -417,7 +417,9 @@ class World:
                 self.sampled_store(n)
             if now >= n.next_read:
                 self.sampled_read(n)
-        idle = len(n.conns) * self.cfg.heartbeat_s * self.c.idle_per_conn_s
+        # idle_per_conn_s is per connection (control_costs: the swarm's idle rate / its connections), and
+        # every connection sits in both ends' tables: each end charges half, so it is counted once
+        idle = len(n.conns) * self.cfg.heartbeat_s * self.c.idle_per_conn_s / 2
         self.charge("idle", idle)
 
     # ---- processes ---------------------------------------------------------------------------------------
