@@ -190,8 +190,8 @@ class SwarmConfig(_Section):
     join_wait_s: float = Field(60.0, ge=0.0, description="GRPO: how long to wait for wait_for_peers at start")
     push_fanout: int | None = Field(
         None, ge=1, le=64, description="F: neighbours each batch announcement is pushed to; default K + 1 "
-        "(max_peers_per_round + 1): in the simulated 100-10,000 peer swarms a round got about 0.85 of K batches "
-        "at F = K and 0.9-0.94 at K + 1 (docs/results/control-plane-scale.md)")
+        "(max_peers_per_round + 1): in the simulated 100-10,000 peer swarms a round got about 0.84 of K batches "
+        "at F = K and 0.90-0.93 at K + 1 (docs/results/control-plane-scale.md)")
     max_batch_age_s: float = Field(120.0, gt=0.0, description="refuse peers' batches generated longer ago than this "
                                    "(sender's clock)")
     max_version_lag: int = Field(32, ge=0, description="refuse a batch more than this many of its sender's own "
