@@ -125,6 +125,7 @@ def test_shard_keys_take_only_signed_member_records_of_a_peer_in_that_shard(tmp_
     assert victim.validate(_signed(key, theirs, sub, _member_at(pid, level))) is False  # not its shard
     assert victim.validate(_signed(key, theirs, sub, _member_at(honest, level))) is False  # signed by another
     assert records.REFUSALS["record_owner"] == 3
+    records.register_shard_swarms(["other"])  # known in this process (status reads it), but not the victim's swarm
     assert victim.validate(_signed(key, "other_m2_0", sub, _member_at(pid, 9))) is True  # not our swarm's shard
 
 

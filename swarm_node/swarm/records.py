@@ -257,7 +257,7 @@ class ShardGuard(RecordValidatorBase):
     def validate(self, record: DHTRecord) -> bool:
         register_shard_swarms(self.swarm_ids)  # also in a child that unpickled us instead of forking
         where = shard_of_key(int.from_bytes(record.key, "big"))
-        if where is None:
+        if where is None or where[0] not in self.swarm_ids:  # the registry is per process; we guard our swarms
             return True
         _swarm, level, shard = where
         try:
