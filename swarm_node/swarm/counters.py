@@ -47,6 +47,11 @@ class SwarmCounters:
         with self._lock:
             self._counts[name] += n
 
+    def reject_records(self, key: str, problems: list[tuple[str, str, tuple]]) -> None:
+        """Count the records.parse_signed problems of one DHT read of `key` (`bad_record`, one log per record)."""
+        for owner, detail, once in problems:
+            self.reject(reasons.BAD_RECORD, owner, f"{key}: {detail}", once=(key, *once))
+
     def reject(self, reason: str, peer_id: str, detail: str, *, once: tuple | None = None) -> None:
         """Count and log (rate-limited) a refusal of a peer's doing; `once` dedupes a bad DHT record that
         every poll reads again (counted and logged the first time only)."""

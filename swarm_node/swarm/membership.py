@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from hivemind.utils.serializer import MSGPackSerializer
 
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import reasons
 from swarm_node.swarm.blobs import BlobStore
 from swarm_node.swarm.counters import SwarmCounters
 from swarm_node.swarm.records import (
@@ -32,6 +31,7 @@ from swarm_node.swarm.records import (
     MemberRecord,
     blobs_key,
     members_key,
+    own_member_record,
     parse_signed,
 )
 from swarm_node.swarm.supervisor import DHTSupervisor
@@ -84,11 +84,7 @@ class Membership:
     # ---- our records ----
 
     def record(self) -> MemberRecord:
-        return MemberRecord(
-            peer_id=self.dht.peer_id, mode=self.info.mode, model_name=self.info.model_name,
-            tokenizer_fp=self.info.tokenizer_fp, task_id=self.info.task_id, round=self.round,
-            updated=float(time.time()), arch_fp=self.info.arch_fp, client_mode=self.cfg.client_mode,
-        )
+        return own_member_record(self.dht.peer_id, self.info, self.round, self.cfg.client_mode)
 
     def store_due(self, now: float, view_size: int, blobs: BlobStore) -> None:
         """Store what is due at monotonic time `now`: the member record and the batch DHT record on their
@@ -204,8 +200,7 @@ class Membership:
         value = found.value if found is not None else None
         self.counters.add("control_bytes_in", _dht_value_size(value))
         found_records, problems = parse_signed(value, model)
-        for owner, detail, once in problems:
-            self.counters.reject(reasons.BAD_RECORD, owner, f"{key}: {detail}", once=(key, *once))
+        self.counters.reject_records(key, problems)
         return found_records
 
 

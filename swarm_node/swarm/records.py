@@ -315,6 +315,15 @@ def peer_id_of_subkey(subkey: bytes) -> str | None:
     return PeerID(digest).to_base58()
 
 
+def own_member_record(peer_id: str, info, round: int, client_mode: bool, level: int = 0) -> MemberRecord:
+    """The member record a node publishes, in either membership (`info`: the node's swarm.PeerInfo)."""
+    return MemberRecord(
+        peer_id=peer_id, mode=info.mode, model_name=info.model_name, tokenizer_fp=info.tokenizer_fp,
+        task_id=info.task_id, round=round, updated=float(time.time()), arch_fp=info.arch_fp,
+        client_mode=client_mode, level=level,
+    )
+
+
 def parse_signed(value, model) -> tuple[dict, list[tuple[str, str, tuple]]]:
     """Records of a dictionary DHT value, keyed by the peer id of the key that signed each one.
 

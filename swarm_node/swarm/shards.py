@@ -18,11 +18,19 @@ import time
 from hivemind.utils.serializer import MSGPackSerializer
 
 from swarm_node.config import SwarmConfig
-from swarm_node.swarm import reasons, sampling
+from swarm_node.swarm import sampling
 from swarm_node.swarm.blobs import BlobStore
 from swarm_node.swarm.counters import SwarmCounters
 from swarm_node.swarm.dht import dht_size_estimate, quiet_read, quiet_store
-from swarm_node.swarm.records import KINDS, Announcement, BlobEntry, MemberRecord, blobs_key, parse_signed
+from swarm_node.swarm.records import (
+    KINDS,
+    Announcement,
+    BlobEntry,
+    MemberRecord,
+    blobs_key,
+    own_member_record,
+    parse_signed,
+)
 from swarm_node.swarm.supervisor import DHTSupervisor
 
 READ_EVERY_BEATS = 2  # one random shard read every 2 heartbeats (10 s by default)
@@ -83,13 +91,8 @@ class ShardedMembership:
     # ---- our records ----
 
     def record(self) -> MemberRecord:
-        fields = dict(
-            peer_id=self.dht.peer_id, mode=self.info.mode, model_name=self.info.model_name,
-            tokenizer_fp=self.info.tokenizer_fp, task_id=self.info.task_id, round=self.round,
-            updated=float(time.time()), arch_fp=self.info.arch_fp, client_mode=self.cfg.client_mode,
-        )
-        fields["level"] = self.level  # writers' levels steer readers (sampling.LevelPolicy)
-        return MemberRecord(**fields)
+        # writers' levels steer readers (sampling.LevelPolicy)
+        return own_member_record(self.dht.peer_id, self.info, self.round, self.cfg.client_mode, self.level)
 
     def refresh_period(self, view_size: int = 0) -> float:
         """Seconds between stores of our record: fixed, whatever the swarm's size."""
@@ -182,8 +185,7 @@ class ShardedMembership:
             return dict(last) if now - when < self.cfg.record_ttl_s else {}
         self.counters.add("control_bytes_in", size)
         found, problems = parse_signed(value, MemberRecord)
-        for owner, detail, once in problems:
-            self.counters.reject(reasons.BAD_RECORD, owner, f"{key}: {detail}", once=(key, *once))
+        self.counters.reject_records(key, problems)
         others = [m for pid, m in found.items() if pid != self.dht.peer_id]
         levels = [int(m.level) for m in others]
         self.policy.observe(len(found), levels, read_level=read_level)
@@ -204,6 +206,5 @@ class ShardedMembership:
             self.log.debug("reading %s failed: %s", key, exc)
             return {}
         records, problems = parse_signed(found.value if found is not None else None, Announcement)
-        for owner, detail, once in problems:
-            self.counters.reject(reasons.BAD_RECORD, owner, f"{key}: {detail}", once=(key, *once))
+        self.counters.reject_records(key, problems)
         return records
