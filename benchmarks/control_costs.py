@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 
 from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
-from tooling.loopback import in_private_netns, lo_bytes, rerun_in_netns
+from tooling.loopback import isolate, lo_bytes
 
 SWARM = "costs"
 DOWNLOAD_SIZES = (1024, 4096, 65536)
@@ -475,12 +475,9 @@ def main() -> int:
     seeds = resolve_seeds(args)
     if args.quick:
         args.reps, args.idle_s = 20, 5.0
-    if args.netns and not in_private_netns():
-        code = rerun_in_netns("benchmarks.control_costs", sys.argv[1:])
-        if code is not None:
-            return code
-        print("no user+network namespace available: counting every loopback byte on this machine", file=sys.stderr)
-        args.netns = False
+    code = isolate(args, "benchmarks.control_costs", "counting every loopback byte on this machine")
+    if code is not None:
+        return code
     for name in ("hivemind", "swarm_node"):  # the set-up pushes' refused downloads are expected
         logging.getLogger(name).setLevel(logging.ERROR)
     t_start = time.time()

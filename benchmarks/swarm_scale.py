@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from tooling.benchmark_args import add_run_args, public_args, resolve_seeds, write_json
-from tooling.loopback import in_private_netns, lo_bytes, rerun_in_netns
+from tooling.loopback import isolate, lo_bytes
 
 ARMS = ("full", "sampled")
 
@@ -211,12 +211,9 @@ def main() -> int:
     args.membership = list(dict.fromkeys(args.membership))
     if args.quick:
         args.nodes, args.warmup_s, args.measure_s = [4, 8], 10.0, 25.0
-    if args.netns and not in_private_netns():
-        code = rerun_in_netns("benchmarks.swarm_scale", sys.argv[1:])
-        if code is not None:
-            return code
-        print("no user+network namespace available: control bytes are the nodes' own counters", file=sys.stderr)
-        args.netns = False
+    code = isolate(args, "benchmarks.swarm_scale", "control bytes are the nodes' own counters")
+    if code is not None:
+        return code
     work = Path(tempfile.mkdtemp(prefix="swarm-scale-"))
     results: list[dict] = []
     stopped: set[str] = set()

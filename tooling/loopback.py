@@ -46,3 +46,16 @@ def rerun_in_netns(module: str, argv: list[str]) -> int | None:
         return None
     cmd = "ip link set lo up && exec " + shlex.join([sys.executable, "-m", module, *argv])
     return subprocess.run(["unshare", "-rn", "sh", "-c", cmd], env={**os.environ, IN_NETNS_ENV: "1"}).returncode
+
+
+def isolate(args, module: str, without: str) -> int | None:
+    """A benchmark's start: with `args.netns` and not yet inside a namespace, re-run `module` in one and return
+    its exit code; where no namespace can be made, say `without` (what the counts then mean), set
+    `args.netns` False and return None, as inside one, so the caller goes on measuring."""
+    if args.netns and not in_private_netns():
+        code = rerun_in_netns(module, sys.argv[1:])
+        if code is not None:
+            return code
+        print(f"no user+network namespace available: {without}", file=sys.stderr)
+        args.netns = False
+    return None
